@@ -1,0 +1,58 @@
+# The two commands a learner and an instructor need:
+#   make lab    set everything up, then open the course in JupyterLab
+#   make test   set everything up, then run every test and every notebook
+#
+# Overrides: PYTHON=python3.12   the interpreter that creates .venv (3.10 or newer)
+#            TORCH_SPEC=...      what pip installs for torch (default: the newest release;
+#                                CI pins a CPU build with TORCH_SPEC=torch==2.13.0)
+#            PORT=8888 TOKEN=... where `make lab` listens and the token it asks for
+
+PYTHON ?= python3
+TORCH_SPEC ?= torch
+PORT ?= 8888
+TOKEN ?=
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mpcourse-installed
+NBVAL := --nbval --nbval-current-env --sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: lab test unit notebooks grading bench release check-python clean
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null || { \
+	  v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo "not found"); \
+	  echo "error: mpcourse needs Python 3.10 or newer, but PYTHON=$(PYTHON) is $$v." >&2; \
+	  echo "       Install a newer Python and run, for example: make $(MAKECMDGOALS) PYTHON=python3.11" >&2; \
+	  exit 1; }
+
+$(PY): | check-python
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+lab: check-python $(STAMP)
+	@echo "Starting JupyterLab on the course. Open the URL printed below (Ctrl-C stops it)."
+	$(PY) -m jupyter lab --ServerApp.root_dir=notebooks --ServerApp.port=$(PORT) \
+	  --ServerApp.ip=127.0.0.1 --IdentityProvider.token="$(TOKEN)" \
+	  $$( [ "$$(uname)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser )
+
+test: check-python $(STAMP) unit notebooks
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/
+
+notebooks: $(STAMP)
+	$(PY) -m pytest $(NBVAL) notebooks/ solutions/
+
+bench: $(STAMP)
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+release: $(STAMP)
+	$(VENV)/bin/mpcourse release
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,6 @@
+"""mpcourse: the mechanisms of mixed-precision training, in readable Python.
+
+Modules follow the lessons: `formats` (number formats, lesson 01), `memory` (lesson 02),
+`autocast` (lesson 03), `master` (lesson 04), `scaling` (lesson 05), `train` (lesson 06).
+"""
+__version__ = "0.1.0"
