@@ -1,0 +1,177 @@
+"""What this machine can do with each precision, so lessons can explain what the learner sees.
+
+Speed in mixed precision is a property of hardware, not of the format: BF16 is several times
+faster than FP32 on a GPU with tensor cores or a CPU with AVX512-BF16/AMX, and many times
+*slower* on a CPU that has to emulate it. `report()` finds out which case the learner is in.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from mpcourse.course import LESSONS, Lesson
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True)
+class PrecisionSupport:
+    """Whether a precision runs at all, whether dedicated hardware speeds it up, and how."""
+    supported: bool
+    accelerated: bool
+    how: str
+
+
+@dataclass(frozen=True)
+class HardwareReport:
+    torch_version: str
+    device_type: str  # "cuda", "mps" or "cpu"
+    device_name: str
+    compute_capability: tuple[int, int] | None
+    threads: int
+    cpu_capability: str
+    precisions: dict[str, PrecisionSupport] = field(default_factory=dict)
+
+    def full_size(self, lesson: Lesson) -> bool:
+        """Whether `lesson` runs at its full size here (on a CPU, lessons shrink themselves)."""
+        needs = lesson.full_size_needs
+        if needs == "any":
+            return True
+        if needs == "cuda":
+            return self.device_type == "cuda"
+        if needs == "fp8":
+            return self.device_type == "cuda" and self.precisions["fp8"].accelerated
+        if needs == "multi-gpu":
+            return self.device_type == "cuda" and torch.cuda.device_count() >= 2
+        raise ValueError(f"unknown hardware need {needs!r} for lesson {lesson.number}")
+
+
+def scaled(cpu, cuda):
+    """A size knob: the `cuda` value when a CUDA GPU is present, else the small `cpu` value."""
+    return cuda if torch.cuda.is_available() else cpu
+
+
+def report() -> HardwareReport:
+    """Inspect the best device torch can use here: CUDA, then Apple's MPS, then the CPU."""
+    common = dict(torch_version=torch.__version__, threads=torch.get_num_threads(),
+                  cpu_capability=torch.backends.cpu.get_cpu_capability())
+    if torch.cuda.is_available():
+        capability = tuple(torch.cuda.get_device_capability(0))
+        return HardwareReport(device_type="cuda", device_name=torch.cuda.get_device_name(0),
+                              compute_capability=capability,
+                              precisions=_cuda_precisions(capability), **common)
+    if torch.backends.mps.is_available():
+        return HardwareReport(device_type="mps", device_name="Apple GPU (MPS)",
+                              compute_capability=None, precisions=_mps_precisions(), **common)
+    flags = cpu_flags()
+    return HardwareReport(device_type="cpu", device_name=_cpu_name(), compute_capability=None,
+                          precisions=_cpu_precisions(flags), **common)
+
+
+def _cuda_precisions(cc: tuple[int, int]) -> dict[str, PrecisionSupport]:
+    ampere, volta, fp8 = cc >= (8, 0), cc >= (7, 0), cc >= (8, 9)
+    return {
+        "fp32": PrecisionSupport(True, True, "CUDA cores (the baseline)"),
+        "tf32": PrecisionSupport(ampere, ampere, "tensor cores, Ampere (sm_80) and newer" if ampere
+                                 else f"needs Ampere (sm_80) or newer; this GPU is sm_{cc[0]}{cc[1]}"),
+        "bf16": PrecisionSupport(ampere, ampere, "tensor cores" if ampere
+                                 else f"needs Ampere (sm_80) or newer; this GPU is sm_{cc[0]}{cc[1]}"),
+        "fp16": PrecisionSupport(True, volta, "tensor cores" if volta
+                                 else "runs, but this GPU predates tensor cores (sm_70)"),
+        "fp8": PrecisionSupport(fp8, fp8, "FP8 tensor cores (sm_89 and newer)" if fp8
+                                else "casts only: FP8 matmuls need Ada or Hopper (sm_89+)"),
+    }
+
+
+def _mps_precisions() -> dict[str, PrecisionSupport]:
+    return {
+        "fp32": PrecisionSupport(True, True, "Apple GPU (the baseline)"),
+        "tf32": PrecisionSupport(False, False, "TF32 is an NVIDIA tensor-core mode"),
+        "bf16": PrecisionSupport(True, False, "runs on recent macOS; no speed-up over fp16"),
+        "fp16": PrecisionSupport(True, True, "native half precision on the Apple GPU"),
+        "fp8": PrecisionSupport(False, False, "no FP8 on MPS"),
+    }
+
+
+def _cpu_precisions(flags: frozenset[str]) -> dict[str, PrecisionSupport]:
+    bf16_isa = sorted(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    fp16_isa = sorted(flags & {"avx512_fp16", "amx_fp16", "fphp", "asimdhp"})
+    return {
+        "fp32": PrecisionSupport(True, True, "SIMD fp32 (the baseline)"),
+        "tf32": PrecisionSupport(False, False, "TF32 is an NVIDIA tensor-core mode; CPU matmuls stay fp32"),
+        "bf16": PrecisionSupport(True, bool(bf16_isa), ", ".join(bf16_isa) if bf16_isa else
+                                 "emulated: no AVX512-BF16/AMX, so bf16 math is slower than fp32"),
+        "fp16": PrecisionSupport(True, bool(fp16_isa), ", ".join(fp16_isa) if fp16_isa else
+                                 "emulated: no native fp16 arithmetic, so fp16 is far slower than fp32"),
+        "fp8": PrecisionSupport(True, False, "casts and storage only; no CPU computes in FP8"),
+    }
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags that matter for 16-bit math, as lower-case names."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    if platform.system() == "Darwin":  # Apple silicon reports its features through sysctl
+        found = set()
+        for feature, flag in (("FEAT_BF16", "bf16"), ("FEAT_FP16", "fphp")):
+            try:
+                out = subprocess.run(["sysctl", "-n", f"hw.optional.arm.{feature}"],
+                                     capture_output=True, text=True, timeout=5).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out == "1":
+                found.add(flag)
+        return frozenset(found)
+    return frozenset()
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def format_report(r: HardwareReport) -> str:
+    """The report as the table `mpcourse doctor` prints."""
+    device = r.device_name
+    if r.compute_capability:
+        device += f" (compute capability {r.compute_capability[0]}.{r.compute_capability[1]})"
+    lines = [f"torch        {r.torch_version}",
+             f"device       {r.device_type}: {device}",
+             f"CPU threads  {r.threads}   CPU vector ISA: {r.cpu_capability}",
+             "",
+             f"{'precision':<10}{'supported':<11}{'accelerated':<13}how"]
+    for name in PRECISIONS:
+        p = r.precisions[name]
+        lines.append(f"{name:<10}{_yes(p.supported):<11}{_yes(p.accelerated):<13}{p.how}")
+    lines += ["", "Lessons on this machine:"]
+    for lesson in LESSONS:
+        size = "full size" if r.full_size(lesson) else _reduced_because(lesson)
+        lines.append(f"  {lesson.number} {lesson.title:<36}{size}")
+    return "\n".join(lines)
+
+
+def _reduced_because(lesson: Lesson) -> str:
+    return {"cuda": "reduced size (no CUDA GPU)",
+            "fp8": "FP8 by emulation (no FP8-capable GPU)",
+            "multi-gpu": "2 CPU processes over gloo (no 2 GPUs)"}[lesson.full_size_needs]
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
