@@ -4,3 +4,5 @@ Modules follow the lessons: `formats` (number formats, lesson 01), `memory` (les
 `autocast` (lesson 03), `master` (lesson 04), `scaling` (lesson 05), `train` (lesson 06).
 """
 __version__ = "0.1.0"
+from mpcourse.master import MasterWeightOptimizer
+from mpcourse.scaling import GradScaler, StaticLossScaler

@@ -1,0 +1,310 @@
+"""Loss scaling: keep small FP16 gradients from flushing to zero (lesson 05).
+
+FP16 cannot hold a magnitude below 2**-24; many gradients of a real network are smaller than
+that and would become exactly zero. Multiplying the loss by a large factor S multiplies every
+gradient by S (the chain rule is linear), which lifts them into FP16's range. Before the
+optimizer uses them, the gradients are divided by S again, in FP32.
+
+`GradScaler` is a readable re-implementation of `torch.amp.GradScaler`: same methods, same
+arguments, same decisions and the same bits (the tests run both side by side). `StaticLossScaler`
+is the older, simpler scheme with a scale that never changes.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any, Iterable
+
+import torch
+
+READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
+
+
+def to_fp32(x: float) -> float:
+    """`x` rounded to the nearest FP32 value (ties to even), as a Python float."""
+    return torch.tensor(x, dtype=torch.float64).float().item()
+
+
+def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float,
+                 backoff_factor: float, growth_interval: int) -> tuple[float, int]:
+    """The dynamic scaling rule: the new (scale, growth_tracker) after one iteration.
+
+    This is `torch._amp_update_scale_` in Python. The scale is an FP32 number; each product is
+    computed in double precision and rounded once to FP32, as torch's kernels do.
+
+    - An overflow (inf or NaN in any gradient) multiplies the scale by `backoff_factor` and
+      restarts the count of clean iterations.
+    - A clean iteration adds one to the count; the `growth_interval`-th clean iteration in a row
+      multiplies the scale by `growth_factor` and restarts the count. A growth that would make the
+      scale infinite is not taken (the count still restarts).
+    """
+    if found_inf:
+        return to_fp32(scale * backoff_factor), 0
+    clean_iterations = growth_tracker + 1
+    if clean_iterations == growth_interval:
+        grown = to_fp32(scale * growth_factor)
+        return (grown if math.isfinite(grown) else scale), 0
+    return scale, clean_iterations
+
+
+class GradScaler:
+    """Dynamic loss scaling with the API and the exact behaviour of `torch.amp.GradScaler`.
+
+    One training iteration uses it like this::
+
+        scaler.scale(loss).backward()    # gradients come out multiplied by the scale S
+        scaler.unscale_(optimizer)       # optional: divide them by S now, e.g. to clip them
+        scaler.step(optimizer)           # unscale if not done yet; step only if all are finite
+        scaler.update()                  # choose the scale for the next iteration
+
+    The best scale is the largest one that does not overflow: large lifts small gradients out of
+    FP16's underflow zone, too large turns big ones into inf. Nobody knows it in advance, so the
+    scaler searches for it while training:
+
+    - `unscale_` multiplies every gradient of the optimizer by 1/S (computed in FP64, rounded to
+      FP32) and records whether any gradient held an inf or a NaN *before* that multiplication.
+    - `step` skips `optimizer.step()` for an optimizer whose gradients were not all finite, so a
+      bad iteration never reaches the weights or the optimizer's state.
+    - `update` multiplies S by `backoff_factor` (default 0.5) if any optimizer saw an inf or NaN
+      this iteration; after `growth_interval` (default 2000) clean iterations in a row it
+      multiplies S by `growth_factor` (default 2). See `update_scale`.
+
+    So the scale drops quickly when it is too high and probes upward slowly, costing one skipped
+    step each time it overshoots. The scale lives as an FP32 number and is created at the first
+    `scale()` call, like torch's.
+
+    Differences from torch, none of which changes a decision or a bit of the results: there is no
+    `device` argument (the scale goes to whatever device the loss is on), the inf/NaN flag is a
+    Python bool per optimizer rather than a tensor per device (reading it costs a host sync,
+    which torch delays until `step`), and fused optimizers are unscaled like any other instead of
+    receiving `grad_scale` and `found_inf` attributes.
+
+    A warning is raised when overflows drive the scale below 1: then the gradients overflow even
+    unscaled, which almost always means the loss or the forward pass itself produced inf or NaN,
+    and no scale can fix that.
+    """
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
+        if not isinstance(init_scale, numbers.Real):
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r} (mpcourse's "
+                             "GradScaler takes no device argument: the scale follows the loss)")
+        if not (init_scale > 0 and math.isfinite(init_scale)):
+            raise ValueError(f"init_scale must be a positive finite number, got {init_scale}")
+        self._enabled = enabled
+        self._init_scale = float(init_scale)
+        self._scale: float | None = None  # set by the first scale(), rounded to FP32
+        self._growth_tracker = 0
+        self.set_growth_factor(growth_factor)
+        self.set_backoff_factor(backoff_factor)
+        self.set_growth_interval(growth_interval)
+        self._per_optimizer: dict[int, dict[str, Any]] = {}
+
+    # The four calls of an iteration, in the order they are made.
+
+    def scale(self, outputs: torch.Tensor | Iterable) -> torch.Tensor | Iterable:
+        """`outputs` (a tensor, or nested lists/tuples of tensors) multiplied by the scale."""
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            if self._scale is None:
+                self._scale = to_fp32(self._init_scale)
+            return outputs * torch.tensor(self._scale, dtype=torch.float32, device=outputs.device)
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(self.scale(o) for o in outputs)
+        if isinstance(outputs, Iterable):
+            return map(self.scale, outputs)
+        raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, got {type(outputs)}")
+
+    def unscale_(self, optimizer) -> None:
+        """Divide the optimizer's gradients by the scale, in place, and note any inf or NaN.
+
+        Call it explicitly only when you need the true gradients before `step`, e.g. to clip
+        them; at most once per optimizer per iteration, after all gradients are accumulated.
+        """
+        if not self._enabled:
+            return
+        self._require_scale("unscale_")
+        state = self._state(optimizer)
+        if state["stage"] == UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the "
+                               "last update().")
+        if state["stage"] == STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        grads = _grads_of(optimizer)
+        if any(g.dtype == torch.float16 for g in grads):
+            raise ValueError("Attempting to unscale FP16 gradients.")
+        inv_scale = torch.tensor(self._scale, dtype=torch.float64).reciprocal().float()
+        found_inf = False
+        with torch.no_grad():
+            for grad in grads:
+                found_inf = found_inf or not bool(torch.isfinite(grad).all())
+                grad.mul_(inv_scale.to(grad.device))
+        state["found_inf"] = found_inf
+        state["stage"] = UNSCALED
+
+    def step(self, optimizer, *args, **kwargs):
+        """Unscale (unless `unscale_` already did), then `optimizer.step()` only if all finite.
+
+        Returns what `optimizer.step` returns, or None when the step was skipped.
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._require_scale("step")
+        state = self._state(optimizer)
+        if state["stage"] == STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if state["stage"] == READY:
+            self.unscale_(optimizer)
+        result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
+        state["stage"] = STEPPED
+        return result
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Pick the next iteration's scale (see `update_scale`), or set it to `new_scale`."""
+        if not self._enabled:
+            return
+        self._require_scale("update")
+        if new_scale is not None:
+            self._scale = to_fp32(_as_float(new_scale))
+        else:
+            if not self._per_optimizer:
+                raise RuntimeError("No inf checks were recorded prior to update(): call step() "
+                                   "(or unscale_()) for each optimizer first.")
+            found_inf = any(state["found_inf"] for state in self._per_optimizer.values())
+            before = self._scale
+            self._scale, self._growth_tracker = update_scale(
+                self._scale, self._growth_tracker, found_inf, self._growth_factor,
+                self._backoff_factor, self._growth_interval)
+            if found_inf and self._scale < 1.0 <= before:
+                warnings.warn(
+                    f"GradScaler: overflows have pushed the loss scale down to {self._scale:g}, "
+                    "below 1, so the gradients are inf or NaN even unscaled. The loss or the "
+                    "forward pass itself is probably not finite; lowering the scale cannot fix "
+                    "that.", RuntimeWarning, stacklevel=2)
+        self._per_optimizer = {}
+
+    # Getters and setters, as in torch.
+
+    def get_scale(self) -> float:
+        """The current scale (`init_scale` before the first `scale()`), or 1.0 if disabled."""
+        if not self._enabled:
+            return 1.0
+        return self._init_scale if self._scale is None else self._scale
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        if not new_factor > 1.0:
+            raise ValueError(f"growth_factor must be > 1.0, got {new_factor}")
+        self._growth_factor = float(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        if not 0.0 < new_factor < 1.0:
+            raise ValueError(f"backoff_factor must be in (0, 1), got {new_factor}")
+        self._backoff_factor = float(new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        if isinstance(new_interval, bool) or not isinstance(new_interval, numbers.Integral) \
+                or new_interval < 1:
+            raise ValueError(f"growth_interval must be an integer >= 1, got {new_interval!r}")
+        self._growth_interval = int(new_interval)
+
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    # Checkpointing: without these, a resumed run restarts its search from init_scale.
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scale, factors, interval and growth tracker (torch's keys); {} if disabled."""
+        if not self._enabled:
+            return {}
+        return {"scale": self.get_scale(), "growth_factor": self._growth_factor,
+                "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
+                "_growth_tracker": self._growth_tracker}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (ours or torch's); a no-op if disabled."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError("The source state dict is empty, possibly because it was saved "
+                               "from a disabled instance of GradScaler.")
+        self._init_scale = float(state_dict["scale"])
+        if self._scale is not None:
+            self._scale = to_fp32(self._init_scale)
+        self.set_growth_factor(state_dict["growth_factor"])
+        self.set_backoff_factor(state_dict["backoff_factor"])
+        self.set_growth_interval(state_dict["growth_interval"])
+        self._growth_tracker = int(state_dict["_growth_tracker"])
+
+    # Bookkeeping.
+
+    def _state(self, optimizer) -> dict[str, Any]:
+        return self._per_optimizer.setdefault(id(optimizer), {"stage": READY, "found_inf": False})
+
+    def _require_scale(self, method: str) -> None:
+        if self._scale is None:
+            raise RuntimeError(f"{method}() was called before scale(): scale the loss with "
+                               "scaler.scale(loss) earlier in the iteration.")
+
+
+class StaticLossScaler(GradScaler):
+    """A loss scale that never changes (the scheme before dynamic scaling).
+
+    It multiplies the loss by `scale`, unscales the gradients and skips steps whose gradients
+    overflowed, exactly like `GradScaler`, but `update` keeps the scale: choosing it is your job.
+    Too small and small gradients still underflow; too large and every step overflows and is
+    skipped, forever.
+    """
+
+    def __init__(self, scale: float):
+        super().__init__(init_scale=scale)
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """End the iteration; the scale stays as it is."""
+        if new_scale is not None:
+            raise ValueError(f"a StaticLossScaler's scale is fixed, got new_scale={new_scale}; "
+                             "use GradScaler for a scale that changes")
+        self._require_scale("update")
+        self._per_optimizer = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.get_scale()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._init_scale = float(state_dict["scale"])
+        if self._scale is not None:
+            self._scale = to_fp32(self._init_scale)
+
+
+def _grads_of(optimizer) -> list[torch.Tensor]:
+    """The gradients the optimizer will use (the stored values of a sparse gradient)."""
+    grads = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None:
+                grads.append(param.grad._values() if param.grad.is_sparse else param.grad)
+    return grads
+
+
+def _as_float(new_scale: float | torch.Tensor) -> float:
+    if isinstance(new_scale, torch.Tensor):
+        if new_scale.numel() != 1 or new_scale.requires_grad:
+            raise ValueError("new_scale must be a float or a 1-element tensor with "
+                             f"requires_grad=False, got shape {tuple(new_scale.shape)}, "
+                             f"requires_grad={new_scale.requires_grad}")
+        return new_scale.item()
+    if isinstance(new_scale, numbers.Real):
+        return float(new_scale)
+    raise ValueError(f"new_scale must be a float or a 1-element tensor, got {new_scale!r}")
