@@ -1,0 +1,618 @@
+"""Where the bytes of a training step go: counted from first principles, then measured.
+
+"Mixed precision halves memory" is true of one tensor stored in 16 bits instead of 32, and of
+nothing larger. A training step holds five kinds of tensors (parameters, a possible FP32 master
+copy, the activations saved for backward, gradients, optimizer state), and which of them are
+16-bit depends on the layout:
+
+- ``"fp32"``: everything in FP32 (4 bytes per element).
+- ``"amp"``: autocast over an FP32 model. Parameters, gradients and optimizer state stay FP32;
+  the saved activations are (mostly) 16-bit. There is no master copy: the FP32 parameters are
+  the masters.
+- ``"master_weights"``: 16-bit working parameters, activations and gradients, plus a separate
+  FP32 master copy of the parameters that the optimizer updates.
+
+FP16 and BF16 both take 2 bytes, so the accounting does not depend on which one is used.
+Optimizer state is FP32 in every layout. Sizes are in bytes; ``.mb`` is decimal (10**6 bytes),
+``.mib`` binary (2**20 bytes).
+
+`training_memory` is the worked accounting, `transformer_memory` an estimate from a transformer's
+architecture, `measure_saved_activations` and `measure_peak_memory` the measurements that keep
+both honest.
+"""
+from __future__ import annotations
+
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+LAYOUTS = ("fp32", "amp", "master_weights")
+
+# FP32 state tensors the optimizer keeps per trainable parameter (torch.optim's defaults).
+OPTIMIZER_STATES = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2}
+
+# Bytes per element of each role in each layout ("16-bit" is 2 bytes, FP16 or BF16 alike).
+BYTES_PER_ROLE = {
+    "fp32": {"parameters": 4, "master_parameters": 0, "activations": 4, "gradients": 4},
+    "amp": {"parameters": 4, "master_parameters": 0, "activations": 2, "gradients": 4},
+    "master_weights": {"parameters": 2, "master_parameters": 4, "activations": 2, "gradients": 2},
+}
+OPTIMIZER_STATE_BYTES = 4
+
+MB = 10**6
+MIB = 2**20
+
+
+def _count(value, name: str) -> int:
+    """`value` as a non-negative int, or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a non-negative integer count, got {value!r} "
+                         f"({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer count, got {value}")
+    return value
+
+
+def _choice(value, allowed, name: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
+    return value
+
+
+def bytes_per_element(dtype: torch.dtype) -> int:
+    """Bytes one element of `dtype` occupies: 4 for torch.float32, 2 for float16 and bfloat16."""
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"expected a torch.dtype (e.g. torch.float32, torch.float16, "
+                         f"torch.bfloat16, torch.float8_e4m3fn), got {dtype!r}")
+    return dtype.itemsize
+
+
+def tensor_bytes(numel: int, dtype: torch.dtype) -> int:
+    """Bytes of a tensor of `numel` elements of `dtype` (the storage alone, no overhead)."""
+    return _count(numel, "numel") * bytes_per_element(dtype)
+
+
+@dataclass(frozen=True, repr=False)
+class MemoryBreakdown:
+    """Bytes of each kind of tensor a training step holds at its peak, and their total.
+
+    `weight_copies` holds the 16-bit copies of weights that autocast makes and autograd keeps for
+    backward; only `transformer_memory` counts them (the worked accounting leaves them out).
+    The table printed as repr shows that row only when it is not zero.
+    """
+    parameters: int
+    master_parameters: int
+    activations: int
+    gradients: int
+    optimizer_state: int
+    weight_copies: int = 0
+    layout: str = ""
+    optimizer: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.components().values())
+
+    @property
+    def mb(self) -> float:
+        """The total in decimal megabytes (10**6 bytes)."""
+        return self.total / MB
+
+    @property
+    def mib(self) -> float:
+        """The total in binary mebibytes (2**20 bytes)."""
+        return self.total / MIB
+
+    def components(self) -> dict[str, int]:
+        """Bytes per component, in the order the table and the charts show them."""
+        parts = {"parameters": self.parameters, "master parameters": self.master_parameters,
+                 "activations": self.activations, "gradients": self.gradients,
+                 "optimizer state": self.optimizer_state}
+        if self.weight_copies:
+            parts["16-bit weight copies"] = self.weight_copies
+        return parts
+
+    def __repr__(self) -> str:
+        title = " ".join(filter(None, [f"layout={self.layout}" if self.layout else "",
+                                       f"optimizer={self.optimizer}" if self.optimizer else ""]))
+        lines = [f"MemoryBreakdown({title})"]
+        lines += [f"  {name:<21}{size / MB:>12,.1f} MB" for name, size in self.components().items()]
+        lines += ["  " + "-" * 36, f"  {'total':<21}{self.mb:>12,.1f} MB"]
+        return "\n".join(lines)
+
+
+def training_memory(params: int, activations: int, layout: str, optimizer: str = "adam",
+                    gradients: int | None = None) -> MemoryBreakdown:
+    """Bytes a training step holds, given element counts and a precision layout.
+
+    params: parameter count. activations: elements saved for backward at the peak.
+    gradients: trainable parameters, which receive gradients (default: all of them); the
+    optimizer state and the FP32 master copy are kept for these only.
+    The accounting counts the five tensor kinds and nothing else: no temporaries, no allocator
+    overhead, and none of the 16-bit weight copies that autocast caches (see transformer_memory).
+    """
+    params = _count(params, "params")
+    activations = _count(activations, "activations")
+    trainable = params if gradients is None else _count(gradients, "gradients")
+    if trainable > params:
+        raise ValueError(f"gradients ({trainable}) cannot exceed params ({params}): "
+                         "there is at most one gradient per parameter")
+    _choice(layout, LAYOUTS, "layout")
+    _choice(optimizer, OPTIMIZER_STATES, "optimizer")
+    size = BYTES_PER_ROLE[layout]
+    return MemoryBreakdown(
+        parameters=params * size["parameters"],
+        master_parameters=trainable * size["master_parameters"],
+        activations=activations * size["activations"],
+        gradients=trainable * size["gradients"],
+        optimizer_state=trainable * OPTIMIZER_STATES[optimizer] * OPTIMIZER_STATE_BYTES,
+        layout=layout, optimizer=optimizer)
+
+
+def compare_layouts(params: int, activations: int, optimizer: str = "adam",
+                    gradients: int | None = None) -> dict[str, MemoryBreakdown]:
+    """`training_memory` for each of the three layouts, keyed by layout."""
+    return {layout: training_memory(params, activations, layout, optimizer, gradients)
+            for layout in LAYOUTS}
+
+
+def calculator(params: int, activations_per_token: int, batch: int, seq_len: int,
+               layout: str, optimizer: str) -> tuple[dict[str, MemoryBreakdown], MemoryBreakdown]:
+    """The lesson's sliders as a plain function: all three layouts, and the one selected.
+
+    Saved activations are `activations_per_token * batch * seq_len` elements: they grow with
+    the batch and the sequence while the parameters stay fixed.
+    """
+    tokens = _count(batch, "batch") * _count(seq_len, "seq_len")
+    activations = _count(activations_per_token, "activations_per_token") * tokens
+    _choice(layout, LAYOUTS, "layout")
+    layouts = compare_layouts(params, activations, optimizer)
+    return layouts, layouts[layout]
+
+
+def plot_layouts(breakdowns: dict[str, MemoryBreakdown], highlight: str | None = None, ax=None):
+    """A stacked bar per layout, one segment per component, in decimal MB; returns the Axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    names = list(breakdowns)
+    components = list(dict.fromkeys(c for b in breakdowns.values() for c in b.components()))
+    bottoms = [0.0] * len(names)
+    for component in components:
+        heights = [breakdowns[n].components().get(component, 0) / MB for n in names]
+        ax.bar(names, heights, bottom=bottoms, label=component)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    for i, name in enumerate(names):
+        weight = "bold" if name == highlight else "normal"
+        ax.text(i, bottoms[i], f"{breakdowns[name].mb:,.1f} MB", ha="center", va="bottom",
+                fontweight=weight)
+    ax.set_ylabel("memory (decimal MB)")
+    ax.set_xlabel("precision layout")
+    ax.set_ylim(0, max(bottoms) * 1.15 or 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+# --- Transformers -------------------------------------------------------------------------
+
+def attention_parameters(d_model: int, bias: bool = True) -> int:
+    """The four d x d projections of one attention block (query, key, value, output)."""
+    d = _count(d_model, "d_model")
+    return 4 * d * d + (4 * d if bias else 0)
+
+
+def layer_parameters(d_model: int, mlp_ratio: int = 4, bias: bool = True) -> dict[str, int]:
+    """Parameters of one pre-norm transformer layer, by part; ``sum(...values())`` is the layer.
+
+    With a 4x MLP the layer holds about 12 * d_model**2: 4 d^2 in attention, 8 d^2 in the MLP.
+    """
+    d = _count(d_model, "d_model")
+    hidden = _count(mlp_ratio, "mlp_ratio") * d
+    return {"attention": attention_parameters(d, bias),
+            "mlp": 2 * d * hidden + ((hidden + d) if bias else 0),
+            "layer_norms": 4 * d}
+
+
+def transformer_parameters(d_model: int, n_layers: int, seq_len: int, vocab: int,
+                           tied_embeddings: bool = True) -> int:
+    """Parameters of the GPT-style model `transformer_memory` describes."""
+    d = _count(d_model, "d_model")
+    embeddings = _count(vocab, "vocab") * d + _count(seq_len, "seq_len") * d
+    head = 0 if tied_embeddings else vocab * d
+    return (embeddings + _count(n_layers, "n_layers") * sum(layer_parameters(d).values())
+            + 2 * d + head)
+
+
+@dataclass(frozen=True)
+class SavedTerm:
+    """One kind of tensor autograd saves for backward, in `transformer_saved_tensors`."""
+    what: str
+    elements: int
+    bytes_per_element: int
+    kind: str = "activation"
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.bytes_per_element
+
+
+def transformer_saved_tensors(d_model: int, n_layers: int, seq_len: int, batch: int, vocab: int,
+                              layout: str, n_heads: int | None = None) -> list[SavedTerm]:
+    """Every tensor the model of `transformer_memory` saves for backward, by what it is.
+
+    Under autocast ("amp") the residual stream stays FP32, so the inputs LayerNorm saves are
+    4 bytes, as is the log-softmax of the loss; matmul inputs, attention and GELU are 16-bit.
+    LayerNorm statistics and attention's log-sum-exp are FP32 in every layout.
+    """
+    d, L = _count(d_model, "d_model"), _count(n_layers, "n_layers")
+    T, B, V = _count(seq_len, "seq_len"), _count(batch, "batch"), _count(vocab, "vocab")
+    h = max(1, d // 64) if n_heads is None else _count(n_heads, "n_heads")
+    _choice(layout, LAYOUTS, "layout")
+    low = BYTES_PER_ROLE[layout]["activations"]   # matmul-side tensors
+    kept = 2 if layout == "master_weights" else 4  # what autocast keeps in FP32
+    tokens = B * T
+    terms = [
+        SavedTerm("layer norm inputs (residual stream)", L * 2 * tokens * d, kept),
+        SavedTerm("layer norm mean and 1/std", L * 2 * 2 * tokens, 4),
+        SavedTerm("q/k/v projection inputs", L * tokens * d, low),
+        SavedTerm("attention q, k, v", L * 3 * tokens * d, low),
+        SavedTerm("attention outputs (= output projection inputs)", L * tokens * d, low),
+        SavedTerm("attention log-sum-exp", L * B * h * T, 4),
+        SavedTerm("MLP inputs", L * tokens * d, low),
+        SavedTerm("GELU inputs", L * 4 * tokens * d, low),
+        SavedTerm("MLP output projection inputs", L * 4 * tokens * d, low),
+        SavedTerm("final layer norm input", tokens * d, kept),
+        SavedTerm("final layer norm mean and 1/std", 2 * tokens, 4),
+        SavedTerm("LM head input", tokens * d, low),
+        SavedTerm("log-softmax of the logits", tokens * V, kept),
+        SavedTerm("token ids, positions and targets (int64)", 2 * tokens + T, 8),
+    ]
+    if layout == "amp":
+        terms.append(SavedTerm("16-bit copies of matmul weights", L * 12 * d * d + V * d, 2,
+                               kind="weight copy"))
+    return terms
+
+
+def transformer_memory(d_model: int, n_layers: int, seq_len: int, batch: int, vocab: int,
+                       layout: str, optimizer: str = "adam", *, n_heads: int | None = None,
+                       tied_embeddings: bool = True) -> MemoryBreakdown:
+    """Estimate a GPT-style transformer's training memory from its architecture.
+
+    The architecture assumed (GPT-2 style):
+    token embedding (vocab x d_model) plus a learned position embedding (seq_len x d_model);
+    `n_layers` pre-norm blocks, x + attention(LayerNorm(x)) then x + MLP(LayerNorm(x)), with
+    biases, attention through one fused q/k/v projection, `scaled_dot_product_attention` (a
+    fused kernel that stores no seq_len x seq_len matrix) and an output projection, and a
+    d -> 4d -> d MLP with GELU; no dropout; a final LayerNorm; an LM head without bias, tied to
+    the token embedding unless `tied_embeddings=False`; and the cross-entropy loss. That is
+    ``torch.nn.TransformerEncoderLayer(d, n_heads, 4 * d, dropout=0.0, activation="gelu",
+    batch_first=True, norm_first=True)`` with a causal mask. `n_heads` defaults to d_model // 64.
+
+    Activations are the tensors listed by `transformer_saved_tensors` (about 16 values per token
+    and d_model in each layer, plus the log-softmax over the vocabulary). In the "amp" layout it
+    also counts the 16-bit weight copies autocast saves for backward. Left out: temporaries freed
+    within the step (such as the logits), the input batch, and allocator overhead.
+    """
+    _choice(optimizer, OPTIMIZER_STATES, "optimizer")
+    terms = transformer_saved_tensors(d_model, n_layers, seq_len, batch, vocab, layout, n_heads)
+    n = transformer_parameters(d_model, n_layers, seq_len, vocab, tied_embeddings)
+    weights = training_memory(n, 0, layout, optimizer)
+    return MemoryBreakdown(
+        parameters=weights.parameters, master_parameters=weights.master_parameters,
+        activations=sum(t.bytes for t in terms if t.kind == "activation"),
+        gradients=weights.gradients, optimizer_state=weights.optimizer_state,
+        weight_copies=sum(t.bytes for t in terms if t.kind == "weight copy"),
+        layout=layout, optimizer=optimizer)
+
+
+def largest_batch(memory_bytes: int, d_model: int, n_layers: int, seq_len: int, vocab: int,
+                  layout: str, optimizer: str = "adam", **architecture) -> int:
+    """The largest batch whose `transformer_memory` estimate fits in `memory_bytes` (0: none)."""
+    memory_bytes = _count(memory_bytes, "memory_bytes")
+
+    def total(batch):
+        return transformer_memory(d_model, n_layers, seq_len, batch, vocab, layout, optimizer,
+                                  **architecture).total
+
+    fixed = total(0)
+    per_sample = total(1) - fixed
+    return max(0, (memory_bytes - fixed) // per_sample)
+
+
+def find_largest_batch(fits: Callable[[int], bool], limit: int = 2**16) -> int:
+    """The largest batch in 1..limit for which `fits(batch)` is True, assuming fits is monotone.
+
+    Doubles until a batch fails, then bisects: about 2 * log2(answer) calls. Returns 0 if even
+    a batch of one does not fit. On a GPU, `fits` runs a step and catches OutOfMemoryError.
+    """
+    limit = _count(limit, "limit")
+    if limit < 1 or not fits(1):
+        return 0
+    good = 1
+    while True:
+        trial = min(2 * good, limit)
+        if trial == good:
+            return good
+        if not fits(trial):
+            bad = trial
+            break
+        good = trial
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
+# --- Measurement --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SavedStorage:
+    """One storage autograd keeps for backward, counted once however many ops save it."""
+    op: str            # the first op (in execution order) that saved it
+    dtype: torch.dtype
+    kind: str          # "activation", "weight copy" (a cast of a parameter) or "parameter"
+    nbytes: int
+
+
+@dataclass(frozen=True, repr=False)
+class SavedActivations:
+    """What autograd saved for backward during one forward pass.
+
+    Saved parameters are listed (kind "parameter") but not counted in `total`: the model holds
+    them anyway. `total` is the memory kept alive only for backward.
+    """
+    storages: tuple[SavedStorage, ...]
+
+    def _sum(self, kind: str) -> int:
+        return sum(s.nbytes for s in self.storages if s.kind == kind)
+
+    @property
+    def activations(self) -> int:
+        return self._sum("activation")
+
+    @property
+    def weight_copies(self) -> int:
+        return self._sum("weight copy")
+
+    @property
+    def parameters(self) -> int:
+        return self._sum("parameter")
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.weight_copies
+
+    def by(self, key: str) -> dict[str, int]:
+        """Bytes of `total` grouped by "op", "dtype" or "kind", largest first."""
+        _choice(key, ("op", "dtype", "kind"), "key")
+        groups: dict[str, int] = {}
+        for s in self.storages:
+            if s.kind != "parameter":
+                label = str(getattr(s, key)).removeprefix("torch.")
+                groups[label] = groups.get(label, 0) + s.nbytes
+        return dict(sorted(groups.items(), key=lambda item: -item[1]))
+
+    def __repr__(self) -> str:
+        lines = [f"SavedActivations: {self.total / MB:,.3f} MB kept for backward "
+                 f"({self.parameters / MB:,.3f} MB of saved parameters not counted)"]
+        for key in ("kind", "dtype", "op"):
+            lines.append(f"  by {key}:")
+            lines += [f"    {label:<44}{size / MB:>10,.3f} MB" for label, size in self.by(key).items()]
+        return "\n".join(lines)
+
+
+def _op_name(node) -> str:
+    """'NativeLayerNormBackward0' -> 'native_layer_norm'."""
+    name = re.sub(r"Backward\d*$", "", node.name().split("::")[-1])
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def _saved_by_node(node) -> list[torch.Tensor]:
+    """The tensors one autograd node holds for backward."""
+    values = [getattr(node, attr) for attr in dir(node) if attr.startswith("_saved_")]
+    if hasattr(node, "saved_tensors"):  # custom autograd.Function
+        values.append(node.saved_tensors)
+    tensors = []
+    for value in values:
+        items = value if isinstance(value, (tuple, list)) else [value]
+        tensors += [t for t in items if isinstance(t, torch.Tensor)]
+    return tensors
+
+
+def _graph_nodes(outputs) -> list:
+    """Every autograd node reachable from the tensors in `outputs`."""
+    stack = [t.grad_fn for t in _tensors_in(outputs) if t.grad_fn is not None]
+    seen, nodes = set(), []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        nodes.append(node)
+        stack += [next_node for next_node, _ in node.next_functions]
+    return nodes
+
+
+def _tensors_in(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors_in(item)]
+    return []
+
+
+_CAST_AND_VIEW_NODES = ("ToCopyBackward", "TBackward", "ViewBackward", "UnsafeViewBackward",
+                        "TransposeBackward", "PermuteBackward", "ExpandBackward",
+                        "AliasBackward", "CloneBackward")
+
+
+def _is_parameter_copy(tensor: torch.Tensor, parameters: set[int]) -> bool:
+    """Whether `tensor` was made from one parameter by casts and views only (autocast's copies)."""
+    node = tensor.grad_fn
+    while node is not None and node.name().rstrip("0123456789").endswith(_CAST_AND_VIEW_NODES):
+        inputs = [n for n, _ in node.next_functions if n is not None]
+        if len(inputs) != 1:
+            return False
+        node = inputs[0]
+    return node is not None and hasattr(node, "variable") and id(node.variable) in parameters
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple:
+    return (tensor.device.type, tensor.device.index, tensor.untyped_storage().data_ptr())
+
+
+def measure_saved_activations(model: torch.nn.Module, *inputs,
+                              autocast_dtype: torch.dtype | None = None) -> SavedActivations:
+    """Run `model(*inputs)` once and account for every tensor autograd saves for backward.
+
+    Counts with `torch.autograd.graph.saved_tensors_hooks`, each storage once (q, k and v slice
+    one storage; a tensor saved by two ops costs its bytes once). With `autocast_dtype`
+    (torch.float16 or torch.bfloat16) the forward runs under `torch.autocast`, whose per-op
+    policy leaves some saved tensors in FP32: see `.by("dtype")` and `.by("op")`.
+    """
+    if autocast_dtype is not None and autocast_dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"autocast_dtype must be None, torch.float16 or torch.bfloat16, "
+                         f"got {autocast_dtype!r}")
+    parameters = list(model.parameters())
+    device = next((t.device for t in _tensors_in(list(inputs)) + parameters), torch.device("cpu"))
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
+                           enabled=autocast_dtype is not None):
+        outputs = model(*inputs)
+
+    first_saver: dict[tuple, tuple[int, str]] = {}
+    for node in _graph_nodes(outputs):
+        order = node._sequence_nr()
+        for tensor in _saved_by_node(node):
+            key = _storage_key(tensor)
+            if key not in first_saver or order < first_saver[key][0]:
+                first_saver[key] = (order, _op_name(node))
+
+    parameter_storages = {_storage_key(p) for p in parameters}
+    parameter_ids = {id(p) for p in parameters}
+    storages, counted = [], set()
+    for tensor in saved:
+        key = _storage_key(tensor)
+        if key in counted:
+            continue
+        counted.add(key)
+        if key in parameter_storages:
+            kind = "parameter"
+        elif _is_parameter_copy(tensor, parameter_ids):
+            kind = "weight copy"
+        else:
+            kind = "activation"
+        op = first_saver.get(key, (0, "unattributed"))[1]
+        storages.append(SavedStorage(op, tensor.dtype, kind, tensor.untyped_storage().nbytes()))
+    return SavedActivations(tuple(storages))
+
+
+@dataclass(frozen=True, repr=False)
+class PeakMemory:
+    """The peak memory of one call, and what the measurement could not see."""
+    device: str
+    peak: int                      # bytes
+    parts: dict[str, int] = field(default_factory=dict)
+    unseen: str = ""
+
+    @property
+    def mb(self) -> float:
+        return self.peak / MB
+
+    def __repr__(self) -> str:
+        lines = [f"PeakMemory on {self.device}: {self.mb:,.1f} MB"]
+        lines += [f"  {name:<24}{size / MB:>12,.1f} MB" for name, size in self.parts.items()]
+        if self.unseen:
+            lines.append(f"  not seen: {self.unseen}")
+        return "\n".join(lines)
+
+
+class _LiveSavedBytes:
+    """Saved-tensor hooks that track how many bytes autograd holds at once, and the most."""
+
+    def __init__(self, ignored: set[tuple]):
+        self.ignored = ignored             # storages counted elsewhere (the parameters)
+        self.live: dict[tuple, list] = {}  # storage -> [bytes, number of saves holding it]
+        self.current = self.peak = 0
+
+    def pack(self, tensor):
+        holder = _Holder(tensor)
+        key = _storage_key(tensor)
+        if key in self.ignored:
+            return holder
+        entry = self.live.setdefault(key, [tensor.untyped_storage().nbytes(), 0])
+        if entry[1] == 0:
+            self.current += entry[0]
+            self.peak = max(self.peak, self.current)
+        entry[1] += 1
+        weakref.finalize(holder, self._release, key)
+        return holder
+
+    def _release(self, key):
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.current -= entry[0]
+            del self.live[key]
+
+
+class _Holder:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def _tensor_bytes(tensors) -> int:
+    storages = {_storage_key(t): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | None = None,
+                        optimizer: torch.optim.Optimizer | None = None) -> PeakMemory:
+    """The peak memory of calling `fn()` once.
+
+    On CUDA: `torch.cuda.max_memory_allocated` after resetting the peak and synchronizing, i.e.
+    every tensor the caching allocator handed out, including temporaries.
+    Elsewhere there is no allocator counter to read, so it adds up what it can see: the
+    parameters of `model`, their gradients and the state of `optimizer` after the call, and the
+    most bytes autograd held for backward at any moment during it.
+    """
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return PeakMemory("cuda", peak, {"allocated before the call": before,
+                                         "added at the peak": peak - before},
+                          "memory reserved by the caching allocator but not allocated, and "
+                          "the CUDA context itself")
+    parameters = list(model.parameters()) if model is not None else []
+    tracker = _LiveSavedBytes({_storage_key(p) for p in parameters})
+    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda holder: holder.tensor):
+        fn()
+    state = [v for s in (optimizer.state.values() if optimizer else ())
+             for v in s.values() if isinstance(v, torch.Tensor)]
+    parts = {"parameters": _tensor_bytes(parameters),
+             "gradients": _tensor_bytes(p.grad for p in parameters if p.grad is not None),
+             "optimizer state": _tensor_bytes(state),
+             "saved for backward (peak)": tracker.peak}
+    return PeakMemory("cpu", sum(parts.values()), parts,
+                      "temporaries that live inside one op or between ops (e.g. the logits), "
+                      "autocast's weight cache beyond what backward saves, the input batch, "
+                      "and allocator overhead; without model= and optimizer= only the saved "
+                      "tensors are counted")
