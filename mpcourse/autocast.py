@@ -103,6 +103,9 @@ RUNS_AS = {
     "linalg_multi_dot": "mm", "linalg_matmul": "matmul", "nll_loss_nd": "nll_loss",
     "cross_entropy_loss": "nll_loss", "linalg_norm": "linalg_vector_norm",
 }
+# Of those, the ones that insist their inputs share one dtype before reaching the inner op:
+# given mixed dtypes they fail under torch.autocast too, so they are left uncast.
+CHECKS_DTYPES_FIRST = frozenset({"tensordot", "inner", "chain_matmul", "linalg_multi_dot"})
 _TENSOR_DUNDERS = {"__matmul__": "matmul"}
 
 _REASONS = {
@@ -376,6 +379,10 @@ def _eligible(t: torch.Tensor, device_type: str) -> bool:
     return t.is_floating_point() and t.device.type == device_type and t.dtype != torch.float64
 
 
+def _mixed(tensors: list[torch.Tensor], device_type: str) -> bool:
+    return len({t.dtype for t in tensors if _eligible(t, device_type)}) > 1
+
+
 def _tensors(args: Any) -> list[torch.Tensor]:
     """The tensors among `args`, looking one level into lists and tuples (cat, stack)."""
     found = []
@@ -476,9 +483,11 @@ class _PolicyMode(TorchFunctionMode):
         if name in policy.banned:
             raise RuntimeError(policy.banned[name])
         category = policy.category(name) if name else None
+        inputs = _tensors(args) + _tensors(kwargs.values())
         if category is None and name in RUNS_AS:
             category = policy.category(RUNS_AS[name])
-        inputs = _tensors(args) + _tensors(kwargs.values())
+            if name in CHECKS_DTYPES_FIRST and _mixed(inputs, policy.device_type):
+                category = None
         input_dtypes = tuple(t.dtype for t in inputs)
         casts: list[Cast] = []
         if category is not None and "out" not in kwargs:  # out= variants are not autocast

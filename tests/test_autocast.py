@@ -1,0 +1,449 @@
+"""mpcourse.autocast against torch.autocast: the tables, the dtypes, the values, the casts."""
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import mpcourse
+from mpcourse.autocast import (CATEGORIES, FP32, LOWER_PRECISION, PROMOTE, RUNS_AS, explain,
+                               policy_for, registered_ops)
+
+LOW_DTYPES = [torch.bfloat16, torch.float16]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tables agree with the installed torch.
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_table_membership_equals_dispatcher_registrations(device_type):
+    policy = policy_for(device_type)
+    assert policy.registered() == registered_ops(device_type)
+    key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device_type]
+    for name in policy.registered():
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key), name
+    for unlisted in ["add.Tensor", "relu", "gelu", "mul.Tensor", "embedding", "dropout"]:
+        assert policy.category(unlisted) is None
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{unlisted}", key)
+
+
+def _header_lists() -> dict[str, set[str]]:
+    """The AT_FORALL_* op lists of the installed torch's ATen/autocast_mode.h (used for CUDA)."""
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    text = header.read_text()
+    lists = {}
+    for macro in ["LOWER_PRECISION_FP", "FP32", "FP32_SET_OPT_DTYPE", "PROMOTE",
+                  "DIFFERENT_REDISPATCH_SIGNATURE"]:
+        body = re.search(rf"#define AT_FORALL_{macro}\(_\)(.*?)\n\n", text, re.S).group(1)
+        if macro == "DIFFERENT_REDISPATCH_SIGNATURE":
+            lists[macro] = set(re.findall(r'"([a-z_]+\.[A-Za-z_]+)"', body))
+        else:
+            lists[macro] = {".".join(p.strip() for p in m.split(",")) for m in
+                            re.findall(r"_\(([^()]*)\)", body)}
+    return lists
+
+
+def test_cuda_categories_match_the_installed_header():
+    """Documented subset: every op of the header's AT_FORALL_* lists (116 of the 119 CUDA
+    registrations); cudnn_convolution(_transpose) and the banned binary_cross_entropy are
+    registered in autocast_mode.cpp itself and checked by membership only."""
+    lists = _header_lists()
+    expected = {name: LOWER_PRECISION for name in lists["LOWER_PRECISION_FP"]}
+    for macro in ["FP32", "FP32_SET_OPT_DTYPE", "DIFFERENT_REDISPATCH_SIGNATURE"]:
+        expected.update({name: FP32 for name in lists[macro]})
+    expected.update({name: PROMOTE for name in lists["PROMOTE"]})
+    cuda = policy_for("cuda")
+    assert len(expected) == 116
+    assert {name: cuda.categories[name] for name in expected} == expected
+    assert set(cuda.registered()) - set(expected) == {
+        "cudnn_convolution", "cudnn_convolution_transpose", "binary_cross_entropy"}
+
+
+def test_cpu_and_cuda_differ_where_the_lesson_says():
+    cpu, cuda = policy_for("cpu"), policy_for("cuda")
+    for op in ["softmax", "layer_norm", "sum", "exp", "log_softmax", "cumsum", "pow"]:
+        assert cpu.category(op) is None and cuda.category(op) == FP32, op
+    assert cpu.category("cat") == PROMOTE and cuda.category("cat") is None
+    assert cpu.category("einsum") is None and cuda.category("einsum") == LOWER_PRECISION
+    assert cpu.category("binary_cross_entropy") == FP32 and "binary_cross_entropy" in cuda.banned
+    assert cpu.category("aten::softmax.int") is None and cuda.category("aten::softmax.int") == FP32
+
+
+def test_every_registered_op_has_exactly_one_category():
+    for device_type in ["cpu", "cuda"]:
+        policy = policy_for(device_type)
+        by_category = [set(policy.ops(c)) for c in CATEGORIES]
+        assert sum(map(len, by_category)) == len(policy.categories)
+        assert set().union(*by_category) == set(policy.categories)
+
+
+# ---------------------------------------------------------------------------------------------
+# The same output dtypes and values as torch.autocast, op by op.
+
+def _t(*shape):
+    return torch.randn(*shape)
+
+
+TARGET = torch.tensor([1, 0, 3, 2])
+# name -> (fresh float inputs, fn(*inputs)); the inputs are what the test re-types.
+OPS = {
+    "matmul": (lambda: [_t(4, 5), _t(5, 3)], torch.matmul),
+    "@": (lambda: [_t(4, 5), _t(5, 3)], lambda a, b: a @ b),
+    "mm": (lambda: [_t(4, 5), _t(5, 3)], torch.mm),
+    "Tensor.mm": (lambda: [_t(4, 5), _t(5, 3)], lambda a, b: a.mm(b)),
+    "bmm": (lambda: [_t(2, 4, 5), _t(2, 5, 3)], torch.bmm),
+    "baddbmm": (lambda: [_t(2, 4, 3), _t(2, 4, 5), _t(2, 5, 3)], torch.baddbmm),
+    "addbmm": (lambda: [_t(4, 3), _t(2, 4, 5), _t(2, 5, 3)], torch.addbmm),
+    "addmm": (lambda: [_t(4, 3), _t(4, 5), _t(5, 3)], torch.addmm),
+    "linear": (lambda: [_t(4, 5), _t(3, 5), _t(3)], F.linear),
+    "conv1d": (lambda: [_t(2, 3, 9), _t(4, 3, 3), _t(4)], F.conv1d),
+    "conv1d_same": (lambda: [_t(2, 3, 9), _t(4, 3, 3)], lambda x, w: F.conv1d(x, w, padding="same")),
+    "conv2d": (lambda: [_t(2, 3, 6, 6), _t(4, 3, 3, 3), _t(4)], F.conv2d),
+    "conv_transpose1d": (lambda: [_t(2, 3, 5), _t(3, 4, 3)], F.conv_transpose1d),
+    "prelu": (lambda: [_t(2, 3, 4), _t(3)], F.prelu),
+    "sdpa": (lambda: [_t(2, 4, 8), _t(2, 4, 8), _t(2, 4, 8)], F.scaled_dot_product_attention),
+    "einsum": (lambda: [_t(3, 4), _t(4, 5)], lambda a, b: torch.einsum("ij,jk->ik", a, b)),
+    "tensordot": (lambda: [_t(3, 4), _t(4, 5)], lambda a, b: torch.tensordot(a, b, dims=1)),
+    "multi_dot": (lambda: [_t(3, 4), _t(4, 5), _t(5, 2)], lambda *m: torch.linalg.multi_dot(m)),
+    "mv": (lambda: [_t(3, 4), _t(4)], torch.mv),
+    "dot": (lambda: [_t(4), _t(4)], torch.dot),
+    "softmax": (lambda: [_t(4, 6)], lambda x: F.softmax(x, dim=-1)),
+    "Tensor.softmax": (lambda: [_t(4, 6)], lambda x: x.softmax(-1)),
+    "log_softmax": (lambda: [_t(4, 6)], lambda x: F.log_softmax(x, dim=-1)),
+    "layer_norm": (lambda: [_t(4, 6), _t(6), _t(6)], lambda x, w, b: F.layer_norm(x, (6,), w, b)),
+    "group_norm": (lambda: [_t(2, 4, 5), _t(4), _t(4)], lambda x, w, b: F.group_norm(x, 2, w, b)),
+    "exp": (lambda: [_t(4, 6)], torch.exp),
+    "log": (lambda: [_t(4, 6).abs() + 0.1], torch.log),
+    "pow": (lambda: [_t(4, 6)], lambda x: torch.pow(x, 2)),
+    "**": (lambda: [_t(4, 6)], lambda x: x ** 3),
+    "sum": (lambda: [_t(4, 6)], torch.sum),
+    "sum_dim": (lambda: [_t(4, 6)], lambda x: x.sum(dim=1)),
+    "mean": (lambda: [_t(4, 6)], torch.mean),
+    "cumsum": (lambda: [_t(4, 6)], lambda x: torch.cumsum(x, dim=1)),
+    "prod": (lambda: [_t(4, 6)], torch.prod),
+    "logsumexp": (lambda: [_t(4, 6)], lambda x: torch.logsumexp(x, dim=1)),
+    "mse_loss": (lambda: [_t(4, 6), _t(4, 6)], F.mse_loss),
+    "l1_loss": (lambda: [_t(4, 6), _t(4, 6)], F.l1_loss),
+    "smooth_l1_loss": (lambda: [_t(4, 6), _t(4, 6)], F.smooth_l1_loss),
+    "huber_loss": (lambda: [_t(4, 6), _t(4, 6)], F.huber_loss),
+    "nll_loss": (lambda: [_t(4, 5)], lambda x: F.nll_loss(F.log_softmax(x, -1), TARGET)),
+    "cross_entropy": (lambda: [_t(4, 5)], lambda x: F.cross_entropy(x, TARGET)),
+    "bce_with_logits": (lambda: [_t(4, 5), torch.rand(4, 5)], F.binary_cross_entropy_with_logits),
+    "bce": (lambda: [torch.rand(4, 5) * 0.9 + 0.05, torch.rand(4, 5)], F.binary_cross_entropy),
+    "kl_div": (lambda: [_t(4, 5), torch.rand(4, 5)], lambda a, b: F.kl_div(a, b, reduction="batchmean")),
+    "cdist": (lambda: [_t(4, 3), _t(5, 3)], torch.cdist),
+    "cat": (lambda: [_t(2, 3), _t(4, 3)], lambda a, b: torch.cat([a, b])),
+    "stack": (lambda: [_t(2, 3), _t(2, 3)], lambda a, b: torch.stack((a, b))),
+    "index_copy": (lambda: [_t(5, 3), _t(2, 3)],
+                   lambda a, b: a.index_copy(0, torch.tensor([0, 3]), b)),
+    "add": (lambda: [_t(4, 6), _t(4, 6)], torch.add),
+    "+": (lambda: [_t(4, 6), _t(4, 6)], lambda a, b: a + b),
+    "mul": (lambda: [_t(4, 6), _t(4, 6)], torch.mul),
+    "div": (lambda: [_t(4, 6), _t(4, 6).abs() + 1], lambda a, b: a / b),
+    "relu": (lambda: [_t(4, 6)], F.relu),
+    "gelu": (lambda: [_t(4, 6)], F.gelu),
+    "silu": (lambda: [_t(4, 6)], F.silu),
+    "tanh": (lambda: [_t(4, 6)], torch.tanh),
+    "sigmoid": (lambda: [_t(4, 6)], torch.sigmoid),
+    "normalize": (lambda: [_t(4, 6)], F.normalize),
+    "cosine_similarity": (lambda: [_t(4, 6), _t(4, 6)], F.cosine_similarity),
+    "max_pool2d": (lambda: [_t(2, 3, 6, 6)], lambda x: F.max_pool2d(x, 2)),
+    "interpolate": (lambda: [_t(1, 2, 4, 4)], lambda x: F.interpolate(x, scale_factor=2)),
+    "embedding": (lambda: [_t(10, 4)], lambda w: F.embedding(torch.tensor([[1, 2], [3, 9]]), w)),
+    "view_transpose": (lambda: [_t(4, 6)], lambda x: x.view(6, 4).t().contiguous()),
+    "where": (lambda: [_t(4, 6), _t(4, 6)], lambda a, b: torch.where(a > 0, a, b)),
+}
+
+
+def _variants(make, low):
+    """FP32 inputs, and mixed inputs: the first in the autocast dtype, the rest FP32."""
+    inputs = make()
+    yield "fp32", inputs
+    if len(inputs) > 1:
+        yield "mixed", [inputs[0].to(low)] + inputs[1:]
+    else:
+        yield "low", [inputs[0].to(low)]
+
+
+def _run(region, fn, inputs):
+    with region:
+        try:
+            return fn(*inputs)
+        except RuntimeError as error:
+            return error
+
+
+def _assert_same(ours, theirs, low, label):
+    if isinstance(theirs, Exception):
+        assert isinstance(ours, type(theirs)), f"{label}: torch raised {theirs!r}, we gave {ours!r}"
+        return
+    assert not isinstance(ours, Exception), f"{label}: we raised {ours!r}, torch did not"
+    assert ours.dtype == theirs.dtype, f"{label}: ours {ours.dtype}, torch.autocast {theirs.dtype}"
+    tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3}.get(ours.dtype, 1e-5)
+    torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol, msg=label)
+
+
+@pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(OPS))
+def test_output_dtype_and_values_match_torch_autocast(name, low):
+    make, fn = OPS[name]
+    torch.manual_seed(0)
+    for variant, inputs in _variants(make, low):
+        theirs = _run(torch.autocast("cpu", dtype=low), fn, inputs)
+        ours = _run(mpcourse.autocast("cpu", dtype=low), fn, inputs)
+        _assert_same(ours, theirs, low, f"{name} on {variant} inputs under {low}")
+
+
+def test_at_least_40_op_cases_and_the_issue_list_is_covered():
+    assert len(OPS) >= 40
+    for required in ["matmul", "mm", "bmm", "baddbmm", "addmm", "linear", "conv1d", "conv2d",
+                     "sdpa", "softmax", "log_softmax", "layer_norm", "group_norm", "exp", "log",
+                     "pow", "sum", "cumsum", "prod", "mse_loss", "nll_loss", "cross_entropy",
+                     "bce_with_logits", "cat", "stack", "add", "mul", "relu", "gelu"]:
+        assert required in OPS, required
+
+
+@pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_promote_special_cases_match_torch(low):
+    other = torch.float16 if low == torch.bfloat16 else torch.bfloat16
+    a = torch.randn(2, 3)
+    cases = {
+        "double wins by ordinary promotion": [a.double(), a],
+        "both low": [a.to(low), a.to(low)],
+        "int and float": [a.to(torch.int64), a.to(low)],
+        "the other 16-bit type": [a.to(other), a.to(other)],
+    }
+    for label, inputs in cases.items():
+        theirs = _run(torch.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
+        ours = _run(mpcourse.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
+        _assert_same(ours, theirs, low, f"cat, {label}")
+
+
+def test_ineligible_inputs_and_out_variants_are_left_alone():
+    a, b = torch.randn(3, 3), torch.randn(3, 3)
+    for inputs in [(a.double(), b.double()), (a.long(), b.long())]:
+        with mpcourse.autocast("cpu"):
+            assert torch.mm(*inputs).dtype == inputs[0].dtype
+    out = torch.empty(3, 3)
+    with torch.autocast("cpu"):
+        theirs = torch.mm(a, b, out=out.clone()).dtype
+    with mpcourse.autocast("cpu"):
+        ours = torch.mm(a, b, out=out).dtype
+    assert ours == theirs == torch.float32
+
+
+def test_multihead_attention_module_matches():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        theirs = mha(x, x, x, need_weights=True)
+    with mpcourse.autocast("cpu", dtype=torch.bfloat16):
+        ours = mha(x, x, x, need_weights=True)
+    for o, t in zip(ours, theirs):
+        _assert_same(o, t, torch.bfloat16, "MultiheadAttention")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: gradients, a full step of a small transformer.
+
+def _lesson_model(vocab=40, d=32):
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Embedding(vocab, d),
+        nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True, norm_first=True),
+        nn.LayerNorm(d), nn.Linear(d, vocab))
+
+
+def _grads_after_step(model, region, tokens, targets):
+    model.zero_grad(set_to_none=True)
+    with region:
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    loss.backward()
+    return loss, {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_transformer_training_step_gradients_match(low):
+    model = _lesson_model()
+    g = torch.Generator().manual_seed(1)
+    tokens, targets = torch.randint(0, 40, (2, 6), generator=g), torch.randint(0, 40, (2, 6), generator=g)
+    loss_t, theirs = _grads_after_step(model, torch.autocast("cpu", dtype=low), tokens, targets)
+    loss_m, ours = _grads_after_step(model, mpcourse.autocast("cpu", dtype=low), tokens, targets)
+    assert loss_m.dtype == loss_t.dtype == torch.float32
+    torch.testing.assert_close(loss_m, loss_t)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert ours[name].dtype == theirs[name].dtype == torch.float32, name
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-2, atol=1e-4, msg=name)
+
+
+def test_backward_runs_in_the_forward_dtype_and_returns_fp32_grads():
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    seen = []
+    with mpcourse.autocast("cpu"):
+        y = x @ w
+    y.register_hook(lambda grad: seen.append(grad.dtype))
+    y.float().sum().backward()
+    assert seen == [torch.bfloat16] and w.grad.dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions: nesting, enabled=False, the weight cache, the trace.
+
+def _nested(ctx):
+    a, b = torch.randn(3, 3), torch.randn(3, 3)
+    dtypes = []
+    with ctx("cpu", dtype=torch.bfloat16):
+        dtypes.append(torch.mm(a, b).dtype)
+        with ctx("cpu", enabled=False):
+            dtypes.append(torch.mm(a, b).dtype)
+            with ctx("cpu", dtype=torch.float16):
+                dtypes.append(torch.mm(a, b).dtype)
+            dtypes.append(torch.mm(a, b).dtype)
+        dtypes.append(torch.mm(a, b).dtype)
+    dtypes.append(torch.mm(a, b).dtype)
+    return dtypes
+
+
+def test_nested_and_disabled_regions_match_torch():
+    assert _nested(mpcourse.autocast) == _nested(torch.autocast)
+    assert _nested(mpcourse.autocast)[:3] == [torch.bfloat16, torch.float32, torch.float16]
+
+
+def _to_copy_count(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+
+
+@pytest.mark.parametrize("cache_enabled", [True, False])
+def test_weight_cache_casts_like_torch(cache_enabled):
+    layer = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def forward(region):
+        with region:
+            return layer(layer(x)) + layer(x)  # weight and bias used three times, x twice
+
+    theirs = _to_copy_count(lambda: forward(torch.autocast("cpu", cache_enabled=cache_enabled)))
+    region = mpcourse.autocast("cpu", cache_enabled=cache_enabled, trace=True)
+    ours = _to_copy_count(lambda: forward(region))
+    new_casts = sum(n for n, _ in region.trace.casts().values())
+    assert ours == theirs == new_casts
+    assert new_casts == (4 if cache_enabled else 8)  # x twice; weight and bias once or three times
+    assert region.trace.cache_hits() == (4 if cache_enabled else 0)
+
+
+def test_weight_cache_is_emptied_on_exit_of_the_outermost_region():
+    from mpcourse.autocast import _state
+    layer = nn.Linear(4, 4)
+    with mpcourse.autocast("cpu"):
+        with mpcourse.autocast("cpu"):
+            layer(torch.randn(2, 4))
+        assert len(_state.cache) == 2  # inner exit keeps it, as torch does
+    assert _state.cache == {}
+    with mpcourse.autocast("cpu", trace=True) as region:
+        layer(torch.randn(2, 4))
+    assert region.trace.cache_hits() == 0 and len(region.trace.casts()) == 1
+
+
+def test_trace_records_category_dtypes_and_cast_bytes():
+    w = torch.randn(16, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    with mpcourse.autocast("cpu", trace=True) as region:
+        h = F.linear(x, w)
+        p = F.softmax(h, dim=-1)
+        out = torch.cat([p, torch.zeros(1, 16)])
+    linear, softmax, cat = [r for r in region.trace if r.op in ("linear", "softmax", "cat")]
+    assert (linear.category, linear.input_dtypes, linear.output_dtype) == (
+        LOWER_PRECISION, (torch.float32, torch.float32), torch.bfloat16)
+    assert [(c.source, c.target, c.nbytes) for c in linear.casts] == [
+        (torch.float32, torch.bfloat16, 4 * 8 * 2), (torch.float32, torch.bfloat16, 16 * 8 * 2)]
+    assert (softmax.category, softmax.output_dtype, softmax.casts) == (None, torch.bfloat16, ())
+    assert (cat.category, cat.input_dtypes, cat.output_dtype) == (
+        PROMOTE, (torch.bfloat16, torch.float32), torch.float32)
+    assert [(c.source, c.target, c.nbytes) for c in cat.casts] == [
+        (torch.bfloat16, torch.float32, 4 * 16 * 4)]
+    assert out.dtype == torch.float32
+    assert region.trace.casts() == {(torch.float32, torch.bfloat16): (2, 64 + 256),
+                                    (torch.bfloat16, torch.float32): (1, 256)}
+    table = region.trace.table(only_categorized=True)
+    assert "linear" in table and "softmax" not in table and "bf16->fp32" in table
+
+
+# ---------------------------------------------------------------------------------------------
+# explain, bad input, the package surface.
+
+def test_explain_gives_the_category_and_the_reason():
+    assert explain("mm", "cpu").category == LOWER_PRECISION
+    assert "bf16" in str(explain("mm", "cpu")) and "fp16" in str(explain("mm", "cuda"))
+    softmax_cpu = explain("softmax", "cpu")
+    assert softmax_cpu.category is None and "under cuda autocast it is fp32" in softmax_cpu.reason
+    assert "dtype argument" in explain("softmax", "cuda").reason
+    assert explain("aten::cat", "cpu").category == PROMOTE
+    assert "aten::bmm" in explain("einsum", "cpu").reason and explain("einsum", "cpu").category is None
+    assert "banned" in explain("binary_cross_entropy", "cuda").reason
+    for device_type in ["cpu", "cuda"]:
+        policy = policy_for(device_type)
+        for name in policy.categories:
+            assert explain(name, device_type).category == policy.categories[name]
+    for composite, inner in RUNS_AS.items():
+        assert any(policy_for(d).category(inner) for d in ["cpu", "cuda"]), composite
+
+
+def test_bad_device_type_and_names_raise_value_errors():
+    for bad in ["tpu", "CPU", 3, None]:
+        with pytest.raises(ValueError, match="device_type"):
+            mpcourse.autocast(bad)
+        with pytest.raises(ValueError, match="device_type"):
+            policy_for(bad)
+    with pytest.raises(ValueError, match="dtype"):
+        mpcourse.autocast("cpu", dtype="bf16")
+    with pytest.raises(ValueError, match="category"):
+        policy_for("cpu").ops("fp16")
+    with pytest.raises(ValueError, match="op_name"):
+        explain("", "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unsupported_cpu_dtype_warns_and_disables_like_torch(dtype):
+    a = torch.randn(3, 3)
+    with warnings.catch_warnings(record=True) as theirs_warned:
+        warnings.simplefilter("always")
+        with torch.autocast("cpu", dtype=dtype):
+            theirs = torch.mm(a, a).dtype
+    with pytest.warns(UserWarning, match="Disabling autocast") as ours_warned:
+        region = mpcourse.autocast("cpu", dtype=dtype)
+    with region:
+        ours = torch.mm(a, a).dtype
+    assert not region.enabled and ours == theirs == torch.float32
+    assert len(theirs_warned) == 1 and "bfloat16" in str(ours_warned[0].message)
+
+
+def test_cuda_region_follows_torch_when_cuda_is_missing_or_present():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        region = mpcourse.autocast("cuda")
+    assert region.enabled == torch.cuda.is_available()
+    assert bool(caught) != torch.cuda.is_available()
+
+
+def test_package_exports_work_in_a_fresh_interpreter():
+    code = ("import mpcourse, torch\n"
+            "from mpcourse.autocast import policy_for, explain, AutocastPolicy, registered_ops\n"
+            "assert isinstance(mpcourse.autocast, type)\n"
+            "with mpcourse.autocast('cpu'):\n"
+            "    y = torch.mm(torch.ones(2, 2), torch.ones(2, 2))\n"
+            "assert y.dtype == torch.bfloat16\n"
+            "assert mpcourse.policy_for('cuda').category('exp') == 'fp32'\n"
+            "assert isinstance(policy_for('cpu'), AutocastPolicy)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
