@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="folder of solution notebooks holding the tests (default: the course's solutions/)")
     grade.add_argument("--timeout", type=float, default=120.0,
                        help="seconds each submission may run, all cells together (default: %(default)s)")
+    grade.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                       help="submissions graded at once, each in its own kernel (default: %(default)s)")
     grade.add_argument("--csv", metavar="FILE", help="also write a gradebook: one row per submission and test")
     grade.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
     grade.set_defaults(handler=_grade)

@@ -1,4 +1,4 @@
 """Graded exercises: authoring conventions, `release`, the learner's `check()` and the grader."""
-from mpcourse.grading.check import check
+from mpcourse.grading.selfcheck import check
 
 __all__ = ["check"]

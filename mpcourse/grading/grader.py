@@ -16,13 +16,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
 from mpcourse.grading import verdict
-from mpcourse.grading.check import TestResult
+from mpcourse.grading.selfcheck import TestResult
 from mpcourse.grading.exercise import (Exercise, exercise_id, find_solutions, is_check_cell,
                                        is_test_cell, load_exercise)
 
@@ -30,12 +32,13 @@ OUTPUT_LIMIT = 100_000  # characters of output kept per cell; the rest is droppe
 
 FINGERPRINT = """
 def __mpcourse_fingerprint():
-    import builtins, json, math, sys, torch, torch.nn.functional, torch.testing, mpcourse.grading
-    watched = {{"builtins": builtins, "math": math, "torch": torch, "torch.Tensor": torch.Tensor,
-               "torch.nn.functional": torch.nn.functional, "torch.testing": torch.testing,
-               "mpcourse.grading": mpcourse.grading}}
+    import builtins, inspect, json, math, sys, torch, torch.nn.functional, torch.testing, mpcourse.grading
+    watched = {{"builtins": builtins, "math": math, "torch": torch, "torch.nn.functional": torch.nn.functional,
+               "torch.testing": torch.testing, "mpcourse.grading": mpcourse.grading}}
     ids = {{name + "." + key: id(value) for name, obj in watched.items()
            for key, value in vars(obj).items() if key not in ("_", "__", "___", "input")}}
+    for key in dir(torch.Tensor):  # inherited methods too: patching torch.Tensor.nbytes shadows one
+        ids["torch.Tensor." + key] = id(inspect.getattr_static(torch.Tensor, key))
     for name in ("builtins", "math", "torch", "mpcourse", "mpcourse.grading", "mpcourse.grading.verdict"):
         ids["sys.modules[%r]" % name] = id(sys.modules.get(name))
     shell = get_ipython()
@@ -96,6 +99,7 @@ def grade_submission(path: str | Path, exercises: dict[str, Exercise], timeout: 
     path = Path(path)
     exercise, tests, error = None, [], None
     try:
+        exercise = exercises.get(exercise_id(path.name))  # known even if the file is unreadable
         nb = _read_submission(path)
         exercise = _exercise_for(path, nb, exercises)
         tests, error = _run(nb, exercise, timeout)
@@ -111,8 +115,10 @@ def grade_submission(path: str | Path, exercises: dict[str, Exercise], timeout: 
 
 def _read_submission(path: Path) -> nbformat.NotebookNode:
     try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
+        with warnings.catch_warnings():  # old notebooks without cell ids are still fine to grade
+            warnings.simplefilter("ignore")
+            nb = nbformat.read(path, as_version=4)
+            nbformat.validate(nb)
     except FileNotFoundError:
         raise SubmissionFailed(f"file not found: {path}") from None
     except Exception as error:
@@ -283,12 +289,17 @@ def grade_command(args) -> int:
     if args.timeout <= 0:
         print(f"mpcourse grade: --timeout must be positive, got {args.timeout}", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"mpcourse grade: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     results = []
-    for path in args.paths:
-        result = grade_submission(path, exercises, args.timeout)
-        results.append(result)
-        if not args.json:
-            print(format_result(result), flush=True)
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(grade_submission, path, exercises, args.timeout) for path in args.paths]
+        for future in futures:
+            result = future.result()
+            results.append(result)
+            if not args.json:
+                print(format_result(result), flush=True)
     if args.csv:
         write_gradebook(results, args.csv)
     if args.json:
@@ -313,8 +324,7 @@ def format_summary(results: list[SubmissionResult]) -> str:
     lines = ["", f"{'submission':<{width}}  {'exercise':<22}{'score':>10}{'time':>9}"]
     for r in results:
         lines.append(f"{r.path:<{width}}  {(r.exercise or '?'):<22}{f'{r.score:g}/{r.max_score:g}':>10}{r.seconds:>8.1f}s")
-    total = sum(r.seconds for r in results)
-    lines.append(f"{len(results)} submission(s) graded in {total:.1f} s")
+    lines.append(f"{len(results)} submission(s), {sum(r.seconds for r in results):.1f} kernel-seconds")
     return "\n".join(lines)
 
 
