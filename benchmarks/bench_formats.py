@@ -1,0 +1,28 @@
+"""round_to (integer bit operations in Python) against torch's native cast, on 16M elements.
+
+The emulation runs about two dozen tensor operations where the native cast runs one fused
+loop, so it is slower; the target is at most 5x for the lesson's formats.
+"""
+import torch
+
+from mpcourse.benchmark import compare
+from mpcourse.formats import BF16, FP8_E4M3, FP16, round_to
+
+N = 1 << 24
+TARGET = 5.0
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(N) * 100
+    print(f"round_to vs x.to(dtype).float() on {N:,} float32 elements, "
+          f"{torch.get_num_threads()} threads")
+    for fmt in (FP16, BF16, FP8_E4M3):
+        result = compare(lambda: x.to(fmt.torch_dtype).float(), lambda: round_to(x, fmt),
+                         name_a=f"torch cast to {fmt.name}", name_b="round_to")
+        verdict = "within" if result.ratio <= TARGET else "OVER"
+        print(f"{result}   ({verdict} the {TARGET:g}x target)")
+
+
+if __name__ == "__main__":
+    main()
