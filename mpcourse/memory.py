@@ -277,6 +277,17 @@ def transformer_saved_tensors(d_model: int, n_layers: int, seq_len: int, batch: 
     return terms
 
 
+def layer_saved_bytes(d_model: int, seq_len: int, batch: int, layout: str,
+                      n_heads: int | None = None) -> int:
+    """Bytes one more transformer layer saves for backward: about 16 * batch * seq_len * d_model
+    values, FP32 or 16-bit by layout (excluding autocast's weight copies, which do not grow)."""
+    def activations(n_layers):
+        return sum(t.bytes for t in transformer_saved_tensors(d_model, n_layers, seq_len, batch, 0,
+                                                              layout, n_heads)
+                   if t.kind == "activation")
+    return activations(1) - activations(0)
+
+
 def transformer_memory(d_model: int, n_layers: int, seq_len: int, batch: int, vocab: int,
                        layout: str, optimizer: str = "adam", *, n_heads: int | None = None,
                        tied_embeddings: bool = True) -> MemoryBreakdown:

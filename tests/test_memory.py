@@ -124,6 +124,14 @@ def test_transformer_parameters_agree_with_the_model(tied):
     assert transformer_parameters(48, 3, 20, 70, tied) == sum(p.numel() for p in model.parameters())
 
 
+def test_one_layer_saves_sixteen_values_per_token_and_feature():
+    B, T, d, h = 4, 128, 256, 4
+    stats = 4 * (2 * 2 * B * T + B * h * T)  # LayerNorm mean and 1/std, attention log-sum-exp
+    assert memory.layer_saved_bytes(d, T, B, "fp32", n_heads=h) == 16 * B * T * d * 4 + stats
+    assert memory.layer_saved_bytes(d, T, B, "amp", n_heads=h) == (14 * 2 + 2 * 4) * B * T * d + stats
+    assert memory.layer_saved_bytes(d, 2 * T, B, "fp32") == 2 * memory.layer_saved_bytes(d, T, B, "fp32")
+
+
 def test_activations_grow_with_batch_times_sequence_while_layers_stay_fixed():
     def per_layer(batch, seq_len, d_model=256):
         one, two = (transformer_memory(d_model, n, seq_len, batch, 1000, "fp32", n_heads=4)
