@@ -5,7 +5,7 @@
 # Overrides: PYTHON=python3.12   the interpreter that creates .venv (3.10 or newer)
 #            TORCH_SPEC=...      what pip installs for torch (default: the newest release;
 #                                CI pins a CPU build with TORCH_SPEC=torch==2.13.0)
-#            PORT=8888 TOKEN=... where `make lab` listens and the token it asks for
+#            PORT=8888 TOKEN=... where `make lab` listens, and its access token (default: random)
 
 PYTHON ?= python3
 TORCH_SPEC ?= torch
@@ -35,10 +35,13 @@ $(STAMP): pyproject.toml | $(PY)
 	@touch $@
 
 lab: check-python $(STAMP)
-	@echo "Starting JupyterLab on the course. Open the URL printed below (Ctrl-C stops it)."
-	$(PY) -m jupyter lab --ServerApp.root_dir=notebooks --ServerApp.port=$(PORT) \
-	  --ServerApp.ip=127.0.0.1 --IdentityProvider.token="$(TOKEN)" \
-	  $$( [ "$$(uname)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser )
+	@token="$(TOKEN)"; [ -n "$$token" ] || token=$$($(PY) -c 'import secrets; print(secrets.token_hex(16))'); \
+	echo "Starting JupyterLab on the course (Ctrl-C stops it). Open this URL in your browser:"; \
+	echo ""; echo "    http://127.0.0.1:$(PORT)/lab?token=$$token"; echo ""; \
+	exec $(PY) -m jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=127.0.0.1 \
+	  --ServerApp.port=$(PORT) --ServerApp.port_retries=0 --IdentityProvider.token="$$token" \
+	  $$( [ "$$(uname)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser ) \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 test: check-python $(STAMP) unit notebooks
 

@@ -4,6 +4,7 @@ Modules follow the lessons: `formats` (number formats, lesson 01), `memory` (les
 `autocast` (lesson 03), `master` (lesson 04), `scaling` (lesson 05), `train` (lesson 06).
 """
 __version__ = "0.1.0"
+from mpcourse import benchmark, course, hardware
 from mpcourse.autocast import AutocastPolicy, autocast, explain, policy_for
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory

@@ -1,0 +1,96 @@
+"""hardware.report on this CPU and on a faked CUDA GPU, and the `mpcourse` command line."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mpcourse import hardware
+from mpcourse.cli import main
+from mpcourse.course import LESSONS
+
+
+def test_cpu_report_describes_this_machine():
+    r = hardware.report()
+    assert r.device_type == ("cuda" if torch.cuda.is_available() else r.device_type)
+    assert r.torch_version == torch.__version__ and r.threads == torch.get_num_threads()
+    assert set(r.precisions) == set(hardware.PRECISIONS)
+    assert r.precisions["fp32"].supported and r.precisions["fp32"].accelerated
+    if r.device_type == "cpu":
+        assert not r.precisions["tf32"].supported
+        flags = hardware.cpu_flags()
+        assert r.precisions["bf16"].accelerated == bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+@pytest.mark.parametrize("flags, bf16, fp16", [
+    (frozenset(), False, False),
+    (frozenset({"avx2", "avx512_bf16"}), True, False),
+    (frozenset({"amx_bf16", "amx_fp16"}), True, True),
+    (frozenset({"fphp", "asimdhp"}), False, True),
+])
+def test_cpu_acceleration_follows_the_instruction_set(flags, bf16, fp16):
+    p = hardware._cpu_precisions(flags)
+    assert (p["bf16"].accelerated, p["fp16"].accelerated) == (bf16, fp16)
+    assert p["bf16"].supported and p["fp16"].supported and not p["fp8"].accelerated
+    if not bf16:
+        assert "emulated" in p["bf16"].how
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    def install(name, capability):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=0: name)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=0: capability)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    return install
+
+
+@pytest.mark.parametrize("capability, tf32, bf16, fp16, fp8", [
+    ((9, 0), True, True, True, True),     # Hopper
+    ((8, 9), True, True, True, True),     # Ada
+    ((8, 0), True, True, True, False),    # Ampere
+    ((7, 5), False, False, True, False),  # Turing
+    ((6, 1), False, False, False, False),  # Pascal: fp16 runs without tensor cores
+])
+def test_cuda_report_follows_compute_capability(fake_cuda, capability, tf32, bf16, fp16, fp8):
+    fake_cuda("NVIDIA Test GPU", capability)
+    r = hardware.report()
+    assert (r.device_type, r.device_name, r.compute_capability) == ("cuda", "NVIDIA Test GPU", capability)
+    p = r.precisions
+    assert (p["tf32"].accelerated, p["bf16"].accelerated, p["fp16"].accelerated, p["fp8"].accelerated) == \
+        (tf32, bf16, fp16, fp8)
+    assert p["fp16"].supported and p["bf16"].supported == bf16
+    lab = next(lesson for lesson in LESSONS if lesson.number == "06")
+    fp8_lesson = next(lesson for lesson in LESSONS if lesson.number == "07")
+    assert r.full_size(lab) and r.full_size(fp8_lesson) == fp8
+    assert hardware.scaled(cpu=1, cuda=2) == 2
+
+
+def test_doctor_prints_the_faked_gpu(fake_cuda, capsys):
+    fake_cuda("NVIDIA H100 80GB HBM3", (9, 0))
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "NVIDIA H100 80GB HBM3 (compute capability 9.0)" in out
+    assert "06 The mixed-precision training lab    full size" in out
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_doctor_exits_zero_on_this_machine():
+    result = _cli("doctor")
+    assert result.returncode == 0, result.stderr
+    for name in hardware.PRECISIONS:
+        assert f"\n{name} " in result.stdout
+    assert "Lessons on this machine:" in result.stdout
+
+
+@pytest.mark.parametrize("args", [["frobnicate"], []])
+def test_unknown_or_missing_subcommand_prints_usage_and_exits_2(args):
+    result = _cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: mpcourse")
+    if args:
+        assert "invalid choice: 'frobnicate'" in result.stderr
