@@ -24,6 +24,97 @@ def _grade(args: argparse.Namespace) -> int:
     return grade_command(args)
 
 
+def _run_config(args: argparse.Namespace, precision: str):
+    """A RunConfig from the command line; sizes not given come from the lab's config for this device."""
+    import dataclasses
+    from mpcourse.hardware import scaled
+    from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, RunConfig
+    base = scaled(cpu=LESSON_CPU_CONFIG, cuda=LESSON_CUDA_CONFIG) if args.device in ("auto", "cuda") \
+        else LESSON_CPU_CONFIG
+    given = {name: getattr(args, name) for name in ("d_model", "n_layers", "n_heads", "batch_size",
+                                                     "seq_len", "steps", "lr", "seed")
+             if getattr(args, name) is not None}
+    scaling = args.loss_scaling if args.loss_scaling != "auto" else \
+        ("dynamic" if precision == "fp16" else "off")
+    return dataclasses.replace(base, precision=precision, autocast=args.autocast,
+                               loss_scaling=scaling, master_weights=args.master_weights,
+                               device=args.device, **given)
+
+
+def _progress(total: int, label: str, initial: int = 0):
+    """A tqdm bar and the training callback that moves it (loss, tokens/s, loss scale)."""
+    from tqdm import tqdm
+    bar = tqdm(total=total, initial=initial, desc=label, unit="step", dynamic_ncols=True)
+
+    def on_step(info) -> None:
+        bar.set_postfix(loss=f"{info.loss:.3f}", tok_s=f"{info.tokens_per_s:,.0f}",
+                        scale=f"{info.scale:g}", refresh=False)
+        bar.update(1)
+    return bar, on_step
+
+
+def _train(args: argparse.Namespace) -> int:
+    from mpcourse.train import format_table, train
+    config = _run_config(args, args.precision)
+    done = 0
+    if args.resume:
+        import torch
+        done = torch.load(args.checkpoint, weights_only=False)["step"] if os.path.exists(args.checkpoint) else 0
+    bar, on_step = _progress(config.steps, config.label, initial=done)
+    try:
+        result = train(config, [on_step], checkpoint_path=args.checkpoint, resume=args.resume)
+    except KeyboardInterrupt:
+        bar.close()
+        if os.path.exists(args.checkpoint):
+            print(f"\ninterrupted: checkpoint saved to {args.checkpoint}; continue with the "
+                  "same command plus --resume")
+        else:
+            print("\ninterrupted before the first step: no checkpoint")
+        return 130
+    bar.close()
+    print(format_table([result]))
+    print(f"eval loss {result.eval_loss:.4f} nats/token after {result.steps_done} steps; "
+          f"skipped steps: {len(result.skipped_steps)}; peak memory measured by "
+          f"{result.memory_measured_by}; checkpoint: {args.checkpoint}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import matplotlib
+    matplotlib.use("Agg")
+    from mpcourse.train import RunComparison, fit_to_hardware, train
+    results = []
+    for precision in args.precisions.split(","):
+        config = _run_config(args, precision.strip())
+        if args.time_limit > 0:
+            config = fit_to_hardware(config, seconds=args.time_limit)
+        bar, on_step = _progress(config.steps, config.label)
+        results.append(train(config, [on_step]))
+        bar.close()
+    comparison = RunComparison(results)
+    print(comparison)
+    comparison.plot().savefig(args.out, dpi=120, bbox_inches="tight")
+    print(f"loss curves saved to {args.out}")
+    return 0
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The switches and sizes shared by `train` and `compare` (sizes default to the lab's)."""
+    parser.add_argument("--autocast", choices=("torch", "mpcourse"), default="torch",
+                        help="whose autocast and loss scaler run the recipe (default: %(default)s)")
+    parser.add_argument("--loss-scaling", choices=("auto", "dynamic", "static", "off"), default="auto",
+                        help="auto: dynamic for fp16, off otherwise (default: %(default)s)")
+    parser.add_argument("--master-weights", action="store_true",
+                        help="16-bit parameters with FP32 master weights")
+    for flag, kind, dest in (("--d-model", int, "d_model"), ("--layers", int, "n_layers"),
+                             ("--heads", int, "n_heads"), ("--batch", int, "batch_size"),
+                             ("--seq-len", int, "seq_len"), ("--steps", int, "steps"),
+                             ("--lr", float, "lr"), ("--seed", int, "seed")):
+        parser.add_argument(flag, type=kind, dest=dest, default=None,
+                            help="default: the lab's value for this device")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mpcourse", description="The mixed-precision training course: tools for learners and instructors.")
@@ -48,6 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--csv", metavar="FILE", help="also write a gradebook: one row per submission and test")
     grade.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
     grade.set_defaults(handler=_grade)
+
+    train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")
+    train.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="fp32",
+                       help="(default: %(default)s)")
+    _add_run_options(train)
+    train.add_argument("--checkpoint", default="mpcourse-checkpoint.pt",
+                       help="saved at the end and on Ctrl-C (default: %(default)s)")
+    train.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    train.set_defaults(handler=_train)
+
+    compare = commands.add_parser("compare", help="train in several precisions and tabulate speed, memory, loss")
+    compare.add_argument("--precisions", default="fp32,bf16,fp16",
+                         help="comma-separated, from fp32, tf32, bf16, fp16 (default: %(default)s)")
+    _add_run_options(compare)
+    compare.add_argument("--time-limit", type=float, default=20.0,
+                         help="seconds allowed to a precision this device does not accelerate; "
+                              "0 for no limit (default: %(default)s)")
+    compare.add_argument("--out", default="loss_curves.png", help="PNG of the loss curves (default: %(default)s)")
+    compare.set_defaults(handler=_compare)
     return parser
 
 
