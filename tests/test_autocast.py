@@ -161,13 +161,12 @@ OPS = {
 
 
 def _variants(make, low):
-    """FP32 inputs, and mixed inputs: the first in the autocast dtype, the rest FP32."""
+    """FP32 inputs, all inputs in the autocast dtype, and mixed: the first low, the rest FP32."""
     inputs = make()
     yield "fp32", inputs
+    yield "low", [t.to(low) for t in inputs]
     if len(inputs) > 1:
         yield "mixed", [inputs[0].to(low)] + inputs[1:]
-    else:
-        yield "low", [inputs[0].to(low)]
 
 
 def _run(region, fn, inputs):
