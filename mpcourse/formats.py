@@ -152,45 +152,52 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
 
     patterns = x.float().contiguous().view(torch.int32).reshape(-1)
     rounded = torch.empty_like(patterns)
-    # Every step below makes a temporary tensor; working through a big tensor in chunks keeps
-    # those temporaries in the CPU cache, which makes the whole thing several times faster.
-    for start in range(0, patterns.numel(), _CHUNK):
-        chunk = patterns[start:start + _CHUNK]
+    # On the CPU, go through big tensors in chunks: every step below makes a temporary tensor,
+    # and chunks keep those temporaries in cache, which makes the whole thing several times faster.
+    chunk_size = _CPU_CHUNK if patterns.device.type == "cpu" else max(patterns.numel(), 1)
+    for start in range(0, patterns.numel(), chunk_size):
+        chunk = patterns[start:start + chunk_size]
         magnitude = _round_magnitude(chunk & _F32_MAGNITUDE, fmt, rounding, generator)
-        torch.bitwise_or(magnitude, chunk & _F32_SIGN, out=rounded[start:start + _CHUNK])
+        torch.bitwise_or(magnitude, chunk & _F32_SIGN, out=rounded[start:start + chunk_size])
     return rounded.view(torch.float32).reshape(x.shape)
 
 
-_CHUNK = 1 << 15
+_CPU_CHUNK = 1 << 15
 
 
 def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
                      generator: torch.Generator | None) -> torch.Tensor:
     """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns."""
+    # NaN patterns (above inf's) are set aside for the end; rounding inf's pattern keeps it.
+    finite_or_inf = magnitude.clamp(max=_F32_INF)
     # Where fmt has normal numbers, its values are the float32 patterns whose low
     # 23 - mantissa_bits bits are clear, so rounding means clearing those bits. A carry out of
     # the mantissa lands in the exponent field, which is exactly the next binade up.
-    rounded = _drop_low_bits(magnitude, _F32_MANTISSA_BITS - fmt.mantissa_bits, rounding, generator)
-    # Below fmt's smallest normal the spacing stops shrinking (those are its subnormals).
-    tiny = magnitude < _pattern(fmt.smallest_normal)
-    if tiny.any():
-        rounded[tiny] = _round_below_normal(magnitude[tiny], fmt, rounding, generator)
+    rounded = _drop_low_bits(finite_or_inf, _F32_MANTISSA_BITS - fmt.mantissa_bits, rounding,
+                             generator)
+    # Below fmt's smallest normal the spacing stops shrinking (those are its subnormals). A
+    # format with float32's 8 exponent bits has float32's subnormal spacing: nothing to add.
+    smallest_normal = _pattern(fmt.smallest_normal)
+    if fmt.exponent_bits < 8 and finite_or_inf.min() < smallest_normal:
+        rounded = _select(_flag_above(smallest_normal, finite_or_inf),
+                          _round_below_normal(finite_or_inf, fmt, rounding, generator), rounded)
 
     largest = _pattern(fmt.max)
-    if rounding == "toward_zero":
-        # Truncation never takes a finite value past the largest one (IEEE 754 agrees).
-        rounded.masked_fill_((rounded > largest) & (magnitude < _F32_INF), largest)
-    too_big = rounded > largest
-    if fmt.has_inf and fmt.overflow != "inf":
-        too_big &= magnitude != _F32_INF   # inf itself is representable: it stays inf
-    overflowed = {"inf": _F32_INF, "saturate": largest, "nan": _F32_QUIET_NAN}[fmt.overflow]
-    rounded.masked_fill_(too_big, overflowed)
-    return rounded.masked_fill_(magnitude > _F32_INF, _F32_QUIET_NAN)
+    # Truncation never takes a finite value past the largest one (IEEE 754 agrees).
+    overflow_to = largest if rounding == "toward_zero" else {
+        "inf": _F32_INF, "saturate": largest, "nan": _F32_QUIET_NAN}[fmt.overflow]
+    rounded = _select(_flag_above(rounded, largest), overflow_to, rounded)
+    if fmt.has_inf and overflow_to != _F32_INF:   # inf itself is representable: it stays inf
+        rounded = _select(_flag_above(magnitude, _F32_INF - 1), _F32_INF, rounded)
+    return _select(_flag_above(magnitude, _F32_INF), _F32_QUIET_NAN, rounded)
 
 
 def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
                         generator: torch.Generator | None) -> torch.Tensor:
-    """Round magnitudes below fmt's smallest normal: there fmt's spacing is its smallest subnormal."""
+    """Round magnitudes below fmt's smallest normal, where fmt's spacing is its smallest subnormal.
+
+    (Larger magnitudes come out wrong here; the caller keeps only the small ones.)
+    """
     # Split each pattern into rest + significand, where the 24-bit significand has the implicit
     # leading 1 made explicit and `rest` carries the exponent. Float32 subnormals (exponent
     # field 0) have no implicit 1 and the spacing of exponent field 1, so they count as field 1.
@@ -199,11 +206,24 @@ def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str
     significand = magnitude - rest
     # One more bit goes per binade below fmt's smallest normal; at 25 nothing is left.
     binades_below = (fmt.min_exponent + _F32_BIAS) - exponent_field
-    dropped = (binades_below + _F32_MANTISSA_BITS - fmt.mantissa_bits).clamp_(max=25)
+    dropped = (binades_below + _F32_MANTISSA_BITS - fmt.mantissa_bits).clamp_(min=0, max=25)
     significand = _drop_low_bits(significand, dropped, rounding, generator)
     # A carry out of the significand bumps the exponent in `rest`, as above; a significand
     # rounded away entirely leaves zero, whatever its exponent was.
-    return rest.add_(significand).masked_fill_(significand == 0, 0)
+    return rest.mul_(significand.clamp(max=1)).add_(significand)
+
+
+def _flag_above(x: torch.Tensor | int, limit: torch.Tensor | int) -> torch.Tensor:
+    """1 where x > limit, else 0 (both non-negative int32)."""
+    return (x - limit).clamp_(min=0, max=1)
+
+
+def _select(flag: torch.Tensor, chosen: torch.Tensor | int, otherwise: torch.Tensor) -> torch.Tensor:
+    """`chosen` where flag is 1, `otherwise` where it is 0: a branch-free select, as in hardware.
+
+    (torch.where says the same, but on the CPU it is several times slower than this.)
+    """
+    return otherwise + flag * (chosen - otherwise)
 
 
 def _drop_low_bits(bits: torch.Tensor, count: int | torch.Tensor, rounding: str,

@@ -1,0 +1,464 @@
+"""mpcourse.formats against torch's own casts, bit for bit."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpcourse.formats import (BF16, FORMATS, FP8_E4M3, FP8_E5M2, FP16, FP32, Bits, FloatFormat,
+                              bits, explain, from_bits, grid, neighbours, round_to)
+
+LOW_PRECISION = (FP16, BF16, FP8_E4M3, FP8_E5M2)
+# Signed integer views with the width of each torch dtype, to read its bit patterns.
+CODE_DTYPE = {torch.float32: torch.int32, torch.float16: torch.int16,
+              torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8,
+              torch.float8_e5m2: torch.uint8}
+ids = pytest.mark.parametrize("fmt", LOW_PRECISION, ids=lambda f: f.name)
+
+
+def f32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def from_patterns(patterns) -> torch.Tensor:
+    """Float32 values with the given bit patterns (Python ints, unsigned or signed)."""
+    signed = [p - 2**32 if p >= 2**31 else p for p in patterns]
+    return torch.tensor(signed, dtype=torch.int32).view(torch.float32)
+
+
+def torch_cast(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    return x.to(fmt.torch_dtype).float()
+
+
+def assert_same_bits(got: torch.Tensor, expected: torch.Tensor, x: torch.Tensor) -> None:
+    """Bitwise equal, except that any NaN matches any NaN (payloads are not compared)."""
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    both_nan = got.isnan() & expected.isnan()
+    same = (got.view(torch.int32) == expected.view(torch.int32)) | both_nan
+    if not bool(same.all()):
+        bad = (~same).nonzero().flatten()[:5]
+        rows = [f"x={x[i].item()!r} (0x{x.view(torch.int32)[i].item() & 0xFFFFFFFF:08x}): "
+                f"got {got[i].item()!r}, torch {expected[i].item()!r}" for i in bad]
+        pytest.fail(f"{int((~same).sum())} mismatches, e.g.\n" + "\n".join(rows))
+
+
+def next_up(value: float) -> float:
+    """The next float32 above `value`."""
+    return torch.nextafter(f32(value), f32(math.inf)).item()
+
+
+def next_down(value: float) -> float:
+    return torch.nextafter(f32(value), f32(-math.inf)).item()
+
+
+def boundary_values(fmt: FloatFormat) -> list[float]:
+    """The edge cases of `fmt`, derived from its own parameters, with float32 neighbours."""
+    tiny, eps, top = fmt.smallest_subnormal, fmt.eps, fmt.max
+    ulp_at_max = math.ldexp(1.0, fmt.max_exponent - fmt.mantissa_bits)
+    centres = [
+        0.0, tiny, tiny / 2, tiny / 4, 1.5 * tiny, 2.5 * tiny, 3.5 * tiny,
+        fmt.smallest_normal, fmt.smallest_normal - tiny / 2, fmt.smallest_normal - tiny,
+        1.0, 1 + eps / 2, 1 + 3 * eps / 2, 1 + eps, 2 - eps / 2, 2.0, 3.0 + eps,
+        top, top + ulp_at_max / 2, top + ulp_at_max, 2 * top,
+    ] + [(k + 0.5) * tiny for k in range(8)]
+    # Ties in every binade of the format, from the smallest normal to the largest.
+    for exponent in range(fmt.min_exponent, fmt.max_exponent + 1):
+        centres += [math.ldexp(1 + j * eps / 2, exponent) for j in (1, 2, 3)]
+    values = []
+    for value in centres:
+        value = f32(value).item()   # each centre as float32; some are huge, and become inf
+        values += [value, next_up(value), next_down(value)]
+    values += [3.4028234663852886e38, math.inf, math.nan]
+    return values + [-v for v in values]
+
+
+# --- torch's behaviour that the formats copy, pinned for the installed version ---------------
+
+def test_installed_torch_saturates_e4m3_and_overflows_e5m2_to_inf():
+    """If a torch release changes its FP8 overflow rule, this test says so first."""
+    x = f32([464.0, 500.0, 1e6, math.inf, -1e6, -math.inf])
+    assert torch_cast(x, FP8_E4M3).tolist() == [448.0, 448.0, 448.0, 448.0, -448.0, -448.0]
+    assert FP8_E4M3.overflow == "saturate" and not FP8_E4M3.has_inf
+    assert torch_cast(f32([61440.0, 1e6]), FP8_E5M2).tolist() == [math.inf, math.inf]
+    assert FP8_E5M2.overflow == "inf"
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_format_constants_match_torch_finfo(fmt):
+    info = torch.finfo(fmt.torch_dtype)
+    assert fmt.bits == info.bits
+    assert fmt.max == info.max
+    assert fmt.smallest_normal == info.smallest_normal
+    assert fmt.eps == info.eps
+    assert 10 ** -fmt.decimal_digits == pytest.approx(info.eps / 2)   # digits = -log10(unit roundoff)
+    # The smallest subnormal is the bit pattern 1, read in the format.
+    one = torch.tensor([1], dtype=CODE_DTYPE[fmt.torch_dtype]).view(fmt.torch_dtype)
+    assert fmt.smallest_subnormal == one.float().item()
+    assert fmt.bias == 2 ** (fmt.exponent_bits - 1) - 1
+
+
+def test_has_inf_matches_torch():
+    for fmt in FORMATS:
+        assert fmt.has_inf == math.isinf(torch_cast(f32([math.inf]), fmt).item()), fmt.name
+
+
+# --- round_to, nearest even, bit for bit against torch -----------------------------------------
+
+@ids
+def test_boundary_cases_match_torch_bitwise(fmt):
+    x = f32(boundary_values(fmt))
+    assert_same_bits(round_to(x, fmt), torch_cast(x, fmt), x)
+
+
+@ids
+def test_zeros_keep_their_sign(fmt):
+    x = f32([0.0, -0.0, fmt.smallest_subnormal / 4, -fmt.smallest_subnormal / 4])
+    got = round_to(x, fmt)
+    assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert torch.signbit(got).tolist() == [False, True, False, True]
+
+
+def test_all_sign_exponent_and_signaling_nan_patterns_stay_nan():
+    patterns = [0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF, 0xFF800001, 0xFFFFFFFF, 0x7F80FFFF]
+    x = from_patterns(patterns)
+    for fmt in FORMATS:
+        assert round_to(x, fmt).isnan().all(), fmt.name
+
+
+@ids
+def test_random_bit_patterns_over_all_exponents_match_torch(fmt):
+    """2**24 uniformly random float32 patterns: every exponent field gets ~65,000 of them."""
+    generator = torch.Generator().manual_seed(1 + LOW_PRECISION.index(fmt))
+    x = torch.randint(-2**31, 2**31, (1 << 24,), dtype=torch.int64,
+                      generator=generator).to(torch.int32).view(torch.float32)
+    assert_same_bits(round_to(x, fmt), torch_cast(x, fmt), x)
+
+
+@ids
+def test_random_patterns_near_the_format_range_match_torch(fmt):
+    """Patterns whose exponent lies in or just around the format's range (subnormals included)."""
+    generator = torch.Generator().manual_seed(11)
+    low = max(fmt.min_exponent - fmt.mantissa_bits - 3 + 127, 0)
+    high = min(fmt.max_exponent + 2 + 127, 255)
+    n = 1 << 21
+    exponent = torch.randint(low, high + 1, (n,), generator=generator, dtype=torch.int32)
+    mantissa = torch.randint(0, 1 << 23, (n,), generator=generator, dtype=torch.int32)
+    sign = torch.randint(0, 2, (n,), generator=generator, dtype=torch.int32) << 31
+    x = (sign | (exponent << 23) | mantissa).view(torch.float32)
+    assert_same_bits(round_to(x, fmt), torch_cast(x, fmt), x)
+
+
+def test_fp32_round_to_is_the_identity():
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randint(-2**31, 2**31, (1 << 16,), dtype=torch.int64,
+                      generator=generator).to(torch.int32).view(torch.float32)
+    assert_same_bits(round_to(x, FP32), x, x)
+
+
+def test_hand_built_e8m7_behaves_exactly_like_bf16():
+    e8m7 = FloatFormat("e8m7", 8, 7)
+    for name in ("bias", "max", "smallest_normal", "smallest_subnormal", "eps", "has_inf",
+                 "overflow", "bits", "decimal_digits"):
+        assert getattr(e8m7, name) == getattr(BF16, name), name
+    generator = torch.Generator().manual_seed(3)
+    random = torch.randint(-2**31, 2**31, (1 << 20,), dtype=torch.int64,
+                           generator=generator).to(torch.int32).view(torch.float32)
+    x = torch.cat([random, f32(boundary_values(BF16))])
+    for rounding in ("nearest_even", "toward_zero"):
+        assert_same_bits(round_to(x, e8m7, rounding), round_to(x, BF16, rounding), x)
+    assert_same_bits(round_to(x, e8m7), torch_cast(x, BF16), x)
+    for value in (0.1, 1e-40, 3e38, -7.0):
+        assert str(explain(value, e8m7)).replace("e8m7", "bf16") == str(explain(value, BF16))
+
+
+def test_shapes_dtypes_and_input_untouched():
+    x = torch.randn(3, 4, 5)[:, ::2]           # a non-contiguous view
+    before = x.clone()
+    got = round_to(x, FP16)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    assert torch.equal(x, before)
+    assert_same_bits(got.reshape(-1), torch_cast(x, FP16).reshape(-1), x.reshape(-1))
+    assert round_to(torch.tensor(1 + 2**-11), FP16).item() == 1.0   # 0-dim
+    assert round_to(torch.empty(0), FP16).shape == (0,)
+    half = torch.randn(100).half()
+    assert_same_bits(round_to(half, BF16), torch_cast(half.float(), BF16), half.float())
+
+
+# --- other rounding modes -----------------------------------------------------------------------
+
+def toward_zero_oracle(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Torch's nearest cast, stepped one code toward zero wherever it went past x."""
+    codes = x.to(fmt.torch_dtype).view(CODE_DTYPE[fmt.torch_dtype]).to(torch.int32)
+    sign_bit = 1 << (fmt.bits - 1)
+    magnitude, sign = codes & (sign_bit - 1), codes & sign_bit
+    nearest = torch_cast(x, fmt)
+    went_past = (nearest.abs() > x.abs()) & ~x.isinf()
+    stepped = (magnitude - went_past.int()) | sign
+    dtype = CODE_DTYPE[fmt.torch_dtype]
+    return stepped.to(torch.uint8 if dtype == torch.uint8 else dtype).view(fmt.torch_dtype).float()
+
+
+@ids
+def test_toward_zero_matches_stepped_torch_cast(fmt):
+    generator = torch.Generator().manual_seed(4)
+    random = torch.randint(-2**31, 2**31, (1 << 20,), dtype=torch.int64,
+                           generator=generator).to(torch.int32).view(torch.float32)
+    x = torch.cat([random, f32(boundary_values(fmt))])
+    got = round_to(x, fmt, "toward_zero")
+    assert_same_bits(got, toward_zero_oracle(x, fmt), x)
+    finite = x.isfinite()
+    assert (got[finite].abs() <= x[finite].abs()).all()
+    assert got[finite].isfinite().all(), "truncating a finite value never overflows"
+
+
+def test_toward_zero_of_bf16_is_clearing_the_low_16_bits():
+    generator = torch.Generator().manual_seed(5)
+    patterns = torch.randint(-2**31, 2**31, (1 << 18,), dtype=torch.int64,
+                             generator=generator).to(torch.int32)
+    x = patterns.view(torch.float32)
+    truncated = torch.where(x.isnan(), x, (patterns & -(1 << 16)).view(torch.float32))
+    assert_same_bits(round_to(x, BF16, "toward_zero"), truncated, x)
+
+
+@pytest.mark.parametrize("fmt", (FP16, BF16, FP8_E4M3), ids=lambda f: f.name)
+def test_stochastic_rounding_is_unbiased(fmt):
+    """The mean of many stochastic roundings converges to x; nearest rounding does not."""
+    generator = torch.Generator().manual_seed(6)
+    n = 200_000
+    cases = [1 + 0.1 * fmt.eps, 1 + 0.5 * fmt.eps, -(3 + 0.75 * 2 * fmt.eps),
+             (5 + 1 / 3) * fmt.smallest_subnormal]   # the last one in the subnormal range
+    for value in cases:
+        x = f32([value] * n)
+        value = x[0].item()
+        low, high = sorted((round_to(x[:1], fmt, "toward_zero").item(), _away_from_zero(value, fmt)))
+        got = round_to(x, fmt, "stochastic", generator=generator)
+        assert set(got.unique().tolist()) <= {low, high}, (fmt.name, value)
+        p = (value - low) / (high - low)
+        sigma = (high - low) * math.sqrt(p * (1 - p) / n)
+        mean = got.double().mean().item()
+        assert abs(mean - value) < 5 * sigma, (fmt.name, value, mean, sigma)
+        assert abs(round_to(x[:1], fmt).item() - value) > 20 * sigma   # nearest is biased here
+
+
+def _away_from_zero(value: float, fmt: FloatFormat) -> float:
+    toward = round_to(f32([value]), fmt, "toward_zero").item()
+    below, above = neighbours(toward, fmt)
+    return above if value > 0 else below
+
+
+def test_stochastic_rounding_is_reproducible_with_a_seeded_generator():
+    x = torch.rand(10_000)
+    first = round_to(x, BF16, "stochastic", generator=torch.Generator().manual_seed(7))
+    again = round_to(x, BF16, "stochastic", generator=torch.Generator().manual_seed(7))
+    other = round_to(x, BF16, "stochastic", generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    exact = round_to(x, BF16)
+    assert torch.equal(round_to(exact, BF16, "stochastic"), exact)   # representable: never moves
+
+
+# --- properties (hypothesis) --------------------------------------------------------------------
+
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+formats = st.sampled_from(LOW_PRECISION + (FloatFormat("e3m4", 3, 4), FloatFormat("e6m9", 6, 9),
+                                           FloatFormat("e2m1", 2, 1, has_inf=False)))
+modes = st.sampled_from(("nearest_even", "toward_zero"))
+
+
+def ulp(value: float, fmt: FloatFormat) -> float:
+    """The spacing of fmt's grid at |value| (within the finite range)."""
+    exponent = max(math.frexp(abs(value))[1] - 1, fmt.min_exponent) if value else fmt.min_exponent
+    return math.ldexp(1.0, exponent - fmt.mantissa_bits)
+
+
+@settings(max_examples=150, deadline=None)
+@given(formats, modes, st.lists(finite32, min_size=2, max_size=64))
+def test_rounding_is_monotonic(fmt, rounding, values):
+    x = f32(sorted(values))
+    got = round_to(x, fmt, rounding)
+    assert (got[1:] >= got[:-1]).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(formats, st.sampled_from(("nearest_even", "toward_zero", "stochastic")),
+       st.lists(finite32, min_size=1, max_size=64))
+def test_rounding_is_idempotent(fmt, rounding, values):
+    once = round_to(f32(values), fmt)
+    twice = round_to(once, fmt, rounding, generator=torch.Generator().manual_seed(0))
+    assert_same_bits(twice, once, f32(values))
+
+
+@settings(max_examples=300, deadline=None)
+@given(formats, st.lists(finite32, min_size=1, max_size=64))
+def test_nearest_error_is_at_most_half_an_ulp(fmt, values):
+    in_range = [v for v in values if abs(v) <= fmt.max]
+    got = round_to(f32(in_range), fmt).tolist()
+    for value, rounded in zip(in_range, got):
+        assert abs(rounded - value) <= ulp(value, fmt) / 2, (fmt, value, rounded)
+
+
+@settings(max_examples=150, deadline=None)
+@given(formats, st.lists(finite32, min_size=1, max_size=64), st.integers(0, 2**32 - 1))
+def test_directed_and_stochastic_errors_are_below_one_ulp(fmt, values, seed):
+    in_range = f32([v for v in values if abs(v) <= fmt.max])
+    for rounding in ("toward_zero", "stochastic"):
+        got = round_to(in_range, fmt, rounding, torch.Generator().manual_seed(seed)).tolist()
+        for value, rounded in zip(in_range.tolist(), got):
+            assert abs(rounded - value) < ulp(value, fmt), (fmt, rounding, value, rounded)
+
+
+@settings(max_examples=100, deadline=None)
+@given(formats, finite32)
+def test_nearest_picks_the_closer_neighbour(fmt, value):
+    if abs(value) > fmt.max:
+        return
+    stored = round_to(f32([value]), fmt).item()
+    below, above = neighbours(value, fmt)
+    for other in (below, above):
+        if math.isfinite(other):
+            assert abs(stored - value) <= abs(other - value)
+
+
+# --- bits, from_bits, neighbours, grid, explain ----------------------------------------------
+
+def pack(fields: Bits, fmt: FloatFormat) -> int:
+    return (fields.sign << (fmt.bits - 1)) | (fields.exponent << fmt.mantissa_bits) | fields.mantissa
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_bits_are_torchs_bit_patterns(fmt):
+    generator = torch.Generator().manual_seed(9)
+    values = (torch.randn(300, generator=generator) * 10.0 ** torch.randint(
+        -12, 8, (300,), generator=generator)).tolist()
+    values += [0.0, -0.0, 1.0, -2.5, 1e-8, 70000.0, 500.0, 1e-45, math.inf, -math.inf]
+    width = CODE_DTYPE[fmt.torch_dtype]
+    for value in values:
+        fields = bits(value, fmt)
+        code = f32([value]).to(fmt.torch_dtype).view(width).to(torch.int64).item() % 2**fmt.bits
+        assert pack(fields, fmt) == code, (fmt.name, value, fields)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_bits_of_nan(fmt):
+    fields = bits(math.nan, fmt)
+    assert fields.exponent == 2**fmt.exponent_bits - 1 and fields.mantissa != 0
+    assert math.isnan(from_bits(fields.sign, fields.exponent, fields.mantissa, fmt))
+
+
+@pytest.mark.parametrize("fmt", (FP16, BF16, FP8_E4M3, FP8_E5M2), ids=lambda f: f.name)
+def test_from_bits_reads_every_code_like_torch(fmt):
+    width = CODE_DTYPE[fmt.torch_dtype]
+    codes = torch.arange(2**fmt.bits, dtype=torch.int64)
+    signed = codes - 2**fmt.bits * (codes >= 2 ** (fmt.bits - 1)) if width != torch.uint8 else codes
+    expected = signed.to(width).view(fmt.torch_dtype).float().tolist()
+    for code, want in zip(codes.tolist(), expected):
+        sign, exponent, mantissa = (code >> (fmt.bits - 1), (code >> fmt.mantissa_bits)
+                                    % 2**fmt.exponent_bits, code % 2**fmt.mantissa_bits)
+        got = from_bits(sign, exponent, mantissa, fmt)
+        assert got == want or (math.isnan(got) and math.isnan(want)), (fmt.name, hex(code))
+        if not math.isnan(want) and code % 97 == 0:   # a sample: bits() is the slower way back
+            assert bits(got, fmt)[:3] == (sign, exponent, mantissa)
+
+
+@pytest.mark.parametrize("fmt", (FP16, BF16), ids=lambda f: f.name)
+def test_neighbours_match_torch_nextafter(fmt):
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(200, generator=generator) * 10.0 ** torch.randint(-9, 6, (200,), generator=generator)
+    stored = x.to(fmt.torch_dtype)
+    up = torch.nextafter(stored, torch.full_like(stored, math.inf)).float().tolist()
+    down = torch.nextafter(stored, torch.full_like(stored, -math.inf)).float().tolist()
+    for value, below, above in zip(x.tolist(), down, up):
+        assert neighbours(value, fmt) == (below, above), (fmt.name, value)
+
+
+def test_neighbours_at_the_edges():
+    assert neighbours(0.0, FP16) == (-FP16.smallest_subnormal, FP16.smallest_subnormal)
+    assert neighbours(FP16.max, FP16) == (65472.0, math.inf)
+    assert neighbours(math.inf, FP16) == (FP16.max, math.inf)
+    below, above = neighbours(FP8_E4M3.max, FP8_E4M3)
+    assert below == 416.0 and math.isnan(above)   # past 448 there is only NaN in E4M3
+
+
+@pytest.mark.parametrize("fmt", (FP8_E4M3, FP8_E5M2), ids=lambda f: f.name)
+def test_grid_lists_every_finite_value_torch_has(fmt):
+    every = torch.arange(256, dtype=torch.int64).to(torch.uint8).view(fmt.torch_dtype).float()
+    finite = sorted(set(every[every.isfinite()].tolist()))
+    assert grid(fmt, -fmt.max, fmt.max) == finite
+    assert grid(fmt, 0.9, 2.1) == [v for v in finite if 0.9 <= v <= 2.1]
+
+
+def test_grid_around_one_in_fp16_has_the_expected_spacing():
+    values = grid(FP16, 1.0, 2.0)
+    assert len(values) == 2**10 + 1
+    assert all(b - a == FP16.eps for a, b in zip(values, values[1:]))
+    with pytest.raises(ValueError, match="low <= high"):
+        grid(FP16, 2.0, 1.0)
+
+
+def test_explain_describes_the_stored_value():
+    e = explain(0.1, FP16)
+    assert e.stored == torch_cast(f32([0.1]), FP16).item()
+    assert e.kind == "normal" and e.exponent == -4
+    assert e.bits == bits(0.1, FP16)
+    assert e.below < e.stored < e.above
+    assert e.relative_error == abs(e.stored - 0.1) / 0.1
+    text = str(e)
+    assert str(e.bits.exponent) in text and format(e.bits.mantissa, "010b") in text
+    assert repr(e.stored) in text and "normal" in text
+
+    assert explain(1e-7, FP16).kind == "subnormal" and explain(1e-7, FP16).exponent == -14
+    assert explain(1e-9, FP16).kind == "zero" and explain(1e-9, FP16).relative_error == 1.0
+    assert explain(70000, FP16).kind == "inf" and explain(70000, FP16).relative_error == math.inf
+    assert explain(70000, BF16).stored == torch_cast(f32([70000]), BF16).item()
+    assert explain(500, FP8_E4M3).stored == 448.0
+    assert explain(math.nan, FP8_E5M2).kind == "nan"
+    assert math.isnan(explain(math.nan, FP8_E5M2).relative_error)
+    assert explain(0.1, FP32).relative_error == abs(f32([0.1]).item() - 0.1) / 0.1 > 0
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.arange(4), "floating-point tensor, got torch.int64"),
+    (torch.tensor([True]), "floating-point tensor, got torch.bool"),
+    ([1.0, 2.0], "floating-point tensor, got list"),
+    (torch.ones(2, dtype=torch.float64), "float64"),
+])
+def test_round_to_rejects_non_float32_compatible_input(bad, message):
+    with pytest.raises(ValueError, match=message):
+        round_to(bad, FP16)
+
+
+def test_round_to_rejects_unknown_rounding_mode():
+    with pytest.raises(ValueError, match="unknown rounding 'nearest'.*nearest_even"):
+        round_to(torch.ones(2), FP16, rounding="nearest")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(exponent_bits=1, mantissa_bits=3), "at least 2 exponent bits.*got 1"),
+    (dict(exponent_bits=0, mantissa_bits=3), "at least 2 exponent bits.*got 0"),
+    (dict(exponent_bits=9, mantissa_bits=3), "exponent_bits must be.*got 9"),
+    (dict(exponent_bits=5, mantissa_bits=24), "mantissa_bits must be.*got 24"),
+    (dict(exponent_bits=5, mantissa_bits=-1), "mantissa_bits must be.*got -1"),
+    (dict(exponent_bits=4, mantissa_bits=0, has_inf=False), "mantissa_bits must be .* 1 to 23"),
+    (dict(exponent_bits=4, mantissa_bits=3, overflow="wrap"), "unknown overflow 'wrap'"),
+    (dict(exponent_bits=4, mantissa_bits=3, has_inf=False, overflow="inf"), "needs a format with inf"),
+])
+def test_float_format_rejects_impossible_formats(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FloatFormat("bad", **kwargs)
+
+
+def test_from_bits_rejects_fields_that_do_not_fit():
+    with pytest.raises(ValueError, match="don't fit fp8_e4m3"):
+        from_bits(0, 16, 0, FP8_E4M3)
+
+
+def test_non_saturating_e4m3_turns_overflow_into_nan():
+    """The other FP8 convention (the OCP spec's non-saturating mode): overflow is NaN."""
+    e4m3_nan = FloatFormat("e4m3_nan", 4, 3, has_inf=False, overflow="nan")
+    got = round_to(f32([448.0, 464.0, 465.0, 1e6, math.inf, -500.0]), e4m3_nan)
+    assert got[:2].tolist() == [448.0, 448.0] and got[2:].isnan().all()   # 464 is a tie: to 448
+    # Below the overflow threshold it rounds exactly like torch's saturating E4M3.
+    x = torch.linspace(-460, 460, 10_001)
+    assert_same_bits(round_to(x, e4m3_nan), torch_cast(x, FP8_E4M3), x)
