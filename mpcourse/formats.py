@@ -384,21 +384,36 @@ class Explanation:
             return math.inf
         return abs(self.stored - self.value) / abs(self.value)
 
+    @property
+    def formula(self) -> str:
+        """How the fields make the stored value, e.g. '(1 + 614/1024) x 2**-4'."""
+        fields, scale = self.bits, 2**self.fmt.mantissa_bits
+        sign = "-" if fields.sign else ""
+        if self.kind == "normal":
+            return f"{sign}(1 + {fields.mantissa}/{scale}) x 2**{self.exponent}"
+        if self.kind == "subnormal":
+            return f"{sign}({fields.mantissa}/{scale}) x 2**{self.exponent}"
+        return {"zero": f"{sign}0", "inf": f"{sign}inf", "nan": "nan"}[self.kind]
+
     def __str__(self) -> str:
-        fields = self.bits
-        exponent = ("" if self.exponent is None else
-                    f" (biased {fields.exponent} - bias {self.fmt.bias} = {self.exponent})"
-                    if self.kind == "normal" else f" (subnormal: 2**{self.exponent}, no implicit 1)")
+        fields, fmt = self.bits, self.fmt
+        top = 2**fmt.exponent_bits - 1
+        exponent = {
+            "normal": f"field {fields.exponent} - bias {fmt.bias} = {self.exponent}",
+            "subnormal": f"field 0: subnormal, no implicit 1, exponent fixed at {self.exponent}",
+            "zero": "field 0 with mantissa 0: zero",
+            "inf": f"field {top} (all ones) with mantissa 0: infinity",
+            "nan": f"field {top} (all ones) with this mantissa: not a number",
+        }[self.kind]
         return "\n".join([
-            f"{self.value!r} in {self.fmt.name} ({fields.exponent_bits} exponent bits, "
-            f"{fields.mantissa_bits} mantissa bits)",
-            f"  bits      sign {fields.sign} | exponent {format(fields.exponent, f'0{fields.exponent_bits}b')}"
-            f" | mantissa {format(fields.mantissa, f'0{fields.mantissa_bits}b') if fields.mantissa_bits else '-'}",
-            f"  exponent  {fields.exponent}{exponent}",
-            f"  kind      {self.kind}",
-            f"  stored    {self.stored!r}",
-            f"  between   {self.below!r} and {self.above!r} (its neighbours in {self.fmt.name})",
-            f"  rel. err  {self.relative_error:.3g}",
+            f"{self.value!r} stored in {fmt.name} "
+            f"(1 sign, {fmt.exponent_bits} exponent, {fmt.mantissa_bits} mantissa bits)",
+            f"  bits        {fields.sign} | {format(fields.exponent, f'0{fmt.exponent_bits}b')} | "
+            f"{format(fields.mantissa, f'0{fmt.mantissa_bits}b') if fmt.mantissa_bits else '-'}",
+            f"  exponent    {exponent}",
+            f"  value       {self.formula} = {self.stored!r}",
+            f"  neighbours  {self.below!r} below, {self.above!r} above",
+            f"  rel. error  {self.relative_error:.3g}",
         ])
 
     def _repr_pretty_(self, printer, cycle) -> None:

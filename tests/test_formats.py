@@ -403,8 +403,13 @@ def test_explain_describes_the_stored_value():
     assert e.below < e.stored < e.above
     assert e.relative_error == abs(e.stored - 0.1) / 0.1
     text = str(e)
-    assert str(e.bits.exponent) in text and format(e.bits.mantissa, "010b") in text
-    assert repr(e.stored) in text and "normal" in text
+    assert f"{e.bits.sign} | {e.bits.exponent:05b} | {e.bits.mantissa:010b}" in text
+    assert f"field {e.bits.exponent} - bias 15 = -4" in text and repr(e.stored) in text
+    assert e.formula == f"(1 + {e.bits.mantissa}/1024) x 2**-4"
+    assert (1 + e.bits.mantissa / 1024) * 2**-4 == e.stored
+    negative_tiny = explain(-1e-7, FP16)
+    assert negative_tiny.formula == f"-({negative_tiny.bits.mantissa}/1024) x 2**-14"
+    assert -(negative_tiny.bits.mantissa / 1024) * 2**-14 == negative_tiny.stored
 
     assert explain(1e-7, FP16).kind == "subnormal" and explain(1e-7, FP16).exponent == -14
     assert explain(1e-9, FP16).kind == "zero" and explain(1e-9, FP16).relative_error == 1.0
