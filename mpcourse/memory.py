@@ -331,6 +331,9 @@ def largest_batch(memory_bytes: int, d_model: int, n_layers: int, seq_len: int, 
 
     fixed = total(0)
     per_sample = total(1) - fixed
+    if per_sample <= 0:
+        raise ValueError(f"a batch of this model needs no memory (d_model={d_model}, "
+                         f"seq_len={seq_len}), so any batch fits")
     return max(0, (memory_bytes - fixed) // per_sample)
 
 
@@ -366,6 +369,7 @@ class SavedStorage:
     op: str            # the first op (in execution order) that saved it
     dtype: torch.dtype
     kind: str          # "activation", "weight copy" (a cast of a parameter) or "parameter"
+                       # (a parameter or buffer of the model itself)
     nbytes: int
 
 
@@ -373,8 +377,8 @@ class SavedStorage:
 class SavedActivations:
     """What autograd saved for backward during one forward pass.
 
-    Saved parameters are listed (kind "parameter") but not counted in `total`: the model holds
-    them anyway. `total` is the memory kept alive only for backward.
+    Saved parameters and buffers are listed (kind "parameter") but not counted in `total`: the
+    model holds them anyway. `total` is the memory kept alive only for backward.
     """
     storages: tuple[SavedStorage, ...]
 
@@ -478,6 +482,11 @@ def _storage_key(tensor: torch.Tensor) -> tuple:
     return (tensor.device.type, tensor.device.index, tensor.untyped_storage().data_ptr())
 
 
+def _model_storages(model: torch.nn.Module) -> set[tuple]:
+    """The storages a model holds anyway: its parameters and buffers."""
+    return {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+
+
 def measure_saved_activations(model: torch.nn.Module, *inputs,
                               autocast_dtype: torch.dtype | None = None) -> SavedActivations:
     """Run `model(*inputs)` once and account for every tensor autograd saves for backward.
@@ -511,7 +520,7 @@ def measure_saved_activations(model: torch.nn.Module, *inputs,
             if key not in first_saver or order < first_saver[key][0]:
                 first_saver[key] = (order, _op_name(node))
 
-    parameter_storages = {_storage_key(p) for p in parameters}
+    parameter_storages = _model_storages(model)
     parameter_ids = {id(p) for p in parameters}
     storages, counted = [], set()
     for tensor in saved:
@@ -613,7 +622,7 @@ def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | No
                           "memory reserved by the caching allocator but not allocated, and "
                           "the CUDA context itself")
     parameters = list(model.parameters()) if model is not None else []
-    tracker = _LiveSavedBytes({_storage_key(p) for p in parameters})
+    tracker = _LiveSavedBytes(_model_storages(model) if model is not None else set())
     with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda holder: holder.tensor):
         fn()
     state = [v for s in (optimizer.state.values() if optimizer else ())

@@ -268,6 +268,15 @@ def test_linear_saves_its_input_and_references_its_weight():
     assert saved.total == x.nbytes
 
 
+def test_buffers_the_model_holds_are_not_counted_as_activations():
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
+    x = torch.randn(5, 4, requires_grad=True)
+    saved = measure_saved_activations(model, x)
+    # linear: its input; batch norm: its input and the saved mean and 1/std of each feature
+    assert saved.activations == x.nbytes + 5 * 6 * 4 + 2 * 6 * 4
+    assert saved.parameters >= model[0].weight.nbytes
+
+
 def test_autocast_saves_16_bit_copies_of_input_and_weight():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.GELU(), nn.LayerNorm(32))
