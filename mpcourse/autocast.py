@@ -15,6 +15,9 @@ its forward used, and gradients reach float32 parameters in float32.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 import types
 import warnings
@@ -506,3 +509,38 @@ class _PolicyMode(TorchFunctionMode):
 
 
 _MODE = _PolicyMode()
+
+
+def profiled_casts(fn: Callable[[], object]) -> Counter:
+    """Run `fn` under torch.profiler; count its `aten::_to_copy` events by (calling op, shape).
+
+    Every dtype conversion, whether autocast's or type promotion's, is an `aten::to` that copies
+    through `aten::_to_copy`; the op that called it says who asked for the cast.
+    """
+    with _native_stderr_silenced(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                    record_shapes=True) as prof:
+            fn()
+    counts: Counter = Counter()
+    for event in prof.events():
+        if event.name == "aten::_to_copy":
+            caller = event.cpu_parent
+            while caller is not None and caller.name in ("aten::to", "aten::_to_copy"):
+                caller = caller.cpu_parent
+            counts[caller.name if caller else None, tuple(event.input_shapes[0])] += 1
+    return counts
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """The profiler's C++ side logs start/stop lines straight to file descriptor 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -1,6 +1,7 @@
 """mpcourse.autocast against torch.autocast: the tables, the dtypes, the values, the casts."""
 import re
 import subprocess
+from collections import Counter
 import sys
 import warnings
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 import mpcourse
 from mpcourse.autocast import (CATEGORIES, FP32, LOWER_PRECISION, PROMOTE, RUNS_AS, explain,
-                               policy_for, registered_ops)
+                               policy_for, profiled_casts, registered_ops)
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -318,9 +319,7 @@ def test_nested_and_disabled_regions_match_torch():
 
 
 def _to_copy_count(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+    return sum(profiled_casts(fn).values())
 
 
 @pytest.mark.parametrize("cache_enabled", [True, False])
@@ -339,6 +338,31 @@ def test_weight_cache_casts_like_torch(cache_enabled):
     assert ours == theirs == new_casts
     assert new_casts == (4 if cache_enabled else 8)  # x twice; weight and bias once or three times
     assert region.trace.cache_hits() == (4 if cache_enabled else 0)
+
+
+def _by_shape(counts):
+    totals = Counter()
+    for (_, shape), n in counts.items():
+        totals[shape] += n
+    return totals
+
+
+def test_profiled_casts_of_a_transformer_block_match_the_trace():
+    torch.manual_seed(0)
+    block = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(2, 4, 16)
+
+    def run(region):
+        with region:
+            block(x)
+
+    theirs = profiled_casts(lambda: run(torch.autocast("cpu")))
+    region = mpcourse.autocast("cpu", trace=True)
+    ours = profiled_casts(lambda: run(region))
+    assert _by_shape(theirs) == _by_shape(ours)
+    autocast_casts = sum(n for (caller, _), n in theirs.items() if caller == "aten::linear")
+    assert autocast_casts == sum(n for n, _ in region.trace.casts().values()) == 10
+    assert theirs["aten::add", (2, 4, 16)] == 2  # the residual adds promote bf16 to fp32
 
 
 def test_weight_cache_is_emptied_on_exit_of_the_outermost_region():
