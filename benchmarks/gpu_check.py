@@ -1,0 +1,69 @@
+"""The lab's comparison at GPU size (GPT-2 small's shape): tokens/s, speed-up, MFU, peak memory.
+
+    .venv/bin/python benchmarks/gpu_check.py            # needs a CUDA GPU
+    .venv/bin/python benchmarks/gpu_check.py --smoke    # a tiny run of the same code, any device
+
+Precisions: fp32 with TF32 off (the baseline), tf32, bf16 autocast, fp16 autocast with dynamic
+loss scaling. MFU (model FLOPs utilisation) is the model's training FLOPs per second,
+6 * parameters + attention per token (`GPT.flops_per_token`), divided by the GPU's dense peak
+for that precision. Target on an H100/H200: bf16 at least 3x fp32's tokens/s.
+"""
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from mpcourse.models import GPT
+from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, RunComparison, RunConfig, train
+
+# Dense (no sparsity) peak FLOP/s from NVIDIA's data sheets, per precision.
+PEAK_FLOPS = {
+    "H100": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},   # SXM
+    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+}
+
+
+def peak_flops(device_name: str) -> dict[str, float] | None:
+    return next((peaks for gpu, peaks in PEAK_FLOPS.items() if gpu in device_name), None)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="run a tiny size on whatever device there is (checks the script, measures nothing)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per precision")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("gpu_check needs a CUDA GPU and this machine has none (torch.cuda.is_available() is "
+              "False). Its numbers mean something only on a GPU; run with --smoke to check the "
+              "script at a tiny size here.", file=sys.stderr)
+        return 2
+    base = LESSON_CUDA_CONFIG if not args.smoke else dataclasses.replace(LESSON_CPU_CONFIG, steps=6)
+    if args.steps:
+        base = dataclasses.replace(base, steps=args.steps)
+    configs = [dataclasses.replace(base, precision=p, loss_scaling="dynamic" if p == "fp16" else "off")
+               for p in ("fp32", "tf32", "bf16", "fp16")]
+    device = configs[0].resolved_device()
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
+    model = GPT(base.model_config())
+    print(f"{name}; torch {torch.__version__}; model: {model.num_parameters() / 1e6:.1f}M parameters, "
+          f"d_model {base.d_model}, {base.n_layers} layers, batch {base.batch_size} x {base.seq_len} tokens, "
+          f"{base.steps} steps ({base.warmup_steps} warm-up)")
+    results = [train(config) for config in configs]
+    print(RunComparison(results))
+    peaks = peak_flops(name) if device.type == "cuda" else None
+    fp32 = results[0].tokens_per_s
+    for r in results:
+        achieved = r.tokens_per_s * model.flops_per_token()
+        mfu = f"{achieved / peaks[r.config.precision]:.1%}" if peaks else "n/a (unknown peak)"
+        print(f"{r.config.precision:>5}: {r.tokens_per_s:>12,.0f} tokens/s  {r.tokens_per_s / fp32:5.2f}x fp32  "
+              f"{achieved / 1e12:8.2f} TFLOP/s  MFU {mfu:>18}  peak memory {r.peak_memory_bytes / 2**30:6.2f} GiB")
+    bf16_speedup = results[2].tokens_per_s / fp32
+    print(f"bf16 / fp32 (TF32 off) = {bf16_speedup:.2f}x (target on H100/H200-class: >= 3x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
