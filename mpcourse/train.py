@@ -183,6 +183,15 @@ class RunResult:
             return math.nan
         return timed_steps * self.config.batch_size * self.config.seq_len / seconds
 
+    def time_to_loss(self, target: float, smooth: int = 10) -> float:
+        """Training seconds (warm-up included) until the mean loss of the last `smooth` steps
+        first reaches `target`; inf if it never does. Unlike tokens/s, this also charges a
+        precision for learning less per step."""
+        for end in range(smooth, len(self.losses) + 1):
+            if sum(self.losses[end - smooth:end]) / smooth <= target:
+                return sum(self.step_seconds[:end])
+        return math.inf
+
     @property
     def final_loss(self) -> float:
         """The mean training loss over the last 10% of the steps (at least one)."""

@@ -181,6 +181,14 @@ def test_tokens_per_s_leaves_out_warm_up_steps():
     assert result.tokens_per_s == 2 * TINY.batch_size * TINY.seq_len / 2.0
 
 
+def test_time_to_loss_counts_every_second_until_the_average_reaches_the_target():
+    result = RunResult(TINY, "cpu", True, losses=[5.0, 4.0, 3.0, 2.0, 1.0],
+                       step_seconds=[3.0, 1.0, 1.0, 1.0, 1.0], timed=[False] + [True] * 4)
+    assert result.time_to_loss(3.5, smooth=2) == 5.0, "mean(4, 3) <= 3.5 first at the third step"
+    assert result.time_to_loss(5.0, smooth=1) == 3.0
+    assert result.time_to_loss(0.5, smooth=1) == math.inf
+
+
 def test_table_marks_unaccelerated_runs_and_speeds_up_against_fp32():
     fast = RunResult(TINY, "cpu", True, [2.0] * 3, [1.0] * 3, [True] * 3, [1.0] * 3, [], 2.0)
     slow = dataclasses.replace(fast, config=dataclasses.replace(TINY, precision="fp16"),
