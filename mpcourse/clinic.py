@@ -494,7 +494,8 @@ def case_07_resume_without_scaler_state(steps: int = 40, stop_at: int = 20) -> C
     """A resumed run that forgot the scaler restarts at 2**16 and skips steps to find it again."""
     full, full_skipped, _ = _resumable_run(steps)
     _, first_half_skipped, ckpt = _resumable_run(steps, stop_after=stop_at)
-    forgot, forgot_skipped, _ = _resumable_run(steps, None, ckpt["model"], ckpt["optimizer"], stop_at)
+    forgot, forgot_skipped, forgot_end = _resumable_run(steps, None, ckpt["model"], ckpt["optimizer"],
+                                                        stop_at)
     kept, kept_skipped, _ = _resumable_run(steps, ckpt["scaler"], ckpt["model"], ckpt["optimizer"],
                                            stop_at)
     difference = lambda m: max((p - q).abs().max().item()  # noqa: E731
@@ -502,6 +503,7 @@ def case_07_resume_without_scaler_state(steps: int = 40, stop_at: int = 20) -> C
     after_stop = [s for s in full_skipped if s >= stop_at]
     before = {"scale_at_checkpoint": ckpt["scaler"]["scale"], "scale_after_resume": 2.0**16,
               "skipped_after_resume": len(forgot_skipped),
+              "scale_at_end": forgot_end["scaler"]["scale"],
               "uninterrupted_skipped_after_stop": len(after_stop),
               "max_param_difference_vs_uninterrupted": difference(forgot)}
     after = {"skipped_after_resume": len(kept_skipped),
