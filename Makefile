@@ -14,9 +14,9 @@ TOKEN ?=
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mpcourse-installed
-NBVAL := --nbval --nbval-current-env --sanitize-with tests/nbval_sanitize.cfg
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: lab test unit notebooks grading bench release check-python clean
+.PHONY: lab test unit notebooks browser grading bench release check-python clean
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null || { \
@@ -43,13 +43,18 @@ lab: check-python $(STAMP)
 	  $$( [ "$$(uname)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser ) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-test: check-python $(STAMP) unit notebooks
+test: check-python $(STAMP) unit notebooks browser
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/
+	$(PY) -m pytest tests/ --ignore=tests/browser
 
+# Prints each notebook's execution time (tests/notebook_times.py).
 notebooks: $(STAMP)
-	$(PY) -m pytest $(NBVAL) notebooks/ solutions/
+	$(PY) -m pytest -p tests.notebook_times $(NBVAL) notebooks/ solutions/
+
+# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found).
+browser: $(STAMP)
+	$(PY) -m pytest -rs tests/browser/
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,0 +1,107 @@
+"""A notebook open in JupyterLab, seen and driven the way a learner does: menus, clicks, the page.
+
+Everything here reads the rendered page (prompts, output areas, widget views), never the file.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STDERR_MIME = "application/vnd.jupyter.stderr"   # how JupyterLab marks tracebacks and stderr
+
+#: Reads the notebook's state in one round trip: each code cell's prompt and whether it has
+#: source, the text of every error or stderr output, how many outputs show a widget view, and
+#: the start of its outputs' text.
+_STATE_JS = """() => {
+  const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')];
+  return cells.map((cell, index) => ({
+    index,
+    prompt: (cell.querySelector('.jp-InputArea-prompt') || {}).textContent || '',
+    empty: !((cell.querySelector('.jp-InputArea-editor .cm-content') || {}).textContent || '').trim(),
+    errors: [...cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="%s"]')]
+              .map(e => e.textContent.slice(0, 3000)),
+    widgets: [...cell.querySelectorAll('.jp-OutputArea-output')]
+              .filter(e => e.querySelector('.jupyter-widgets')).length,
+    text: [...cell.querySelectorAll('.jp-OutputArea-output')].map(e => e.textContent).join('\\n').slice(0, 500),
+  }));
+}""" % STDERR_MIME
+
+
+@dataclass
+class CellState:
+    index: int          # position among the notebook's code cells
+    prompt: str         # "[3]:", "[*]:" while queued or running, "[ ]:" when not run
+    empty: bool
+    errors: list[str]
+    widgets: int        # outputs that show a rendered widget view
+    text: str
+
+    @property
+    def count(self) -> int | None:
+        digits = self.prompt.strip().strip("[]:")
+        return int(digits) if digits.isdigit() else None
+
+
+class LessonPage:
+    """One lesson open in its own browser tab."""
+
+    def __init__(self, context, lab, notebook: str):
+        self.lab, self.notebook = lab, notebook
+        self.page = context.new_page()
+
+    def open(self, timeout_s: float = 120) -> None:
+        self.page.goto(self.lab.lab_url(self.notebook))
+        self.page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout_s * 1000)
+        self.wait_for_kernel_idle(timeout_s)
+        # Fold the file browser away: the notebook gets the whole width in the screenshots.
+        self.page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()
+
+    def wait_for_kernel_idle(self, timeout_s: float) -> None:
+        self.page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for(timeout=timeout_s * 1000)
+
+    def menu(self, menu: str, command: str) -> None:
+        """Click `menu` in the menu bar, then the item that runs JupyterLab's `command`."""
+        self.page.locator(".lm-MenuBar-item", has_text=menu).click()
+        self.page.locator(f'.lm-Menu-item[data-command="{command}"]').click()
+
+    def cells(self) -> list[CellState]:
+        return [CellState(**cell) for cell in self.page.evaluate(_STATE_JS)]
+
+    def run_all(self, timeout_s: float) -> list[CellState]:
+        """Clear the stored outputs, Run > Run All Cells, and wait until every cell has run.
+
+        Returns the cells' final state. Stops early when an error shows and nothing is running
+        any more (JupyterLab stops a Run All at the first exception).
+        """
+        self.menu("Edit", "editmenu:clear-all")
+        code = [c for c in self.cells() if not c.empty]
+        assert code and all(c.count is None for c in code), \
+            f"{self.notebook}: Clear Outputs of All Cells left prompts {[c.prompt for c in code]}"
+        self.menu("Run", "runmenu:run-all")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            cells = [c for c in self.cells() if not c.empty]
+            running = any("*" in c.prompt for c in cells)
+            if all(c.count is not None for c in cells) and not running:
+                return cells
+            if any(c.errors for c in cells) and not running:
+                return cells
+        raise AssertionError(f"{self.notebook}: Run All did not finish within {timeout_s} s; prompts "
+                             f"{[c.prompt for c in self.cells() if not c.empty]}")
+
+    def output_of(self, selector: str):
+        """The output area (one cell's output) that contains `selector`."""
+        outputs = self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output").filter(
+            has=self.page.locator(selector))
+        assert outputs.count() >= 1, f"{self.notebook}: no output shows {selector!r}"
+        return outputs.first
+
+    def screenshot(self, path: Path, element=None) -> Path:
+        (element or self.page).screenshot(path=str(path))
+        return path
+
+    def close(self) -> None:
+        self.page.close()
+        self.lab.shut_down_kernels()

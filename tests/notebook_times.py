@@ -1,0 +1,41 @@
+"""A pytest plugin that prints how long each notebook took under nbval.
+
+nbval turns every cell into a test item, so pytest's own `--durations` lists cells. A course
+author wants the notebook's total instead: the kernel's start (paid in the first cell's setup),
+every cell and the shutdown. Load it with `-p tests.notebook_times` (see the Makefile).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+LESSON_TARGET_S = 300  # all lessons together, on 2 CPU cores (issue 10)
+
+
+class NotebookTimes:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0]
+        if path.endswith(".ipynb"):
+            self.seconds[path] += report.duration
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.seconds:
+            return
+        write = terminalreporter.write_line
+        terminalreporter.section("execution time per notebook")
+        width = max(len(path) for path in self.seconds)
+        for folder in sorted({path.rsplit("/", 1)[0] for path in self.seconds}):
+            paths = sorted(p for p in self.seconds if p.rsplit("/", 1)[0] == folder)
+            for path in paths:
+                write(f"{path:<{width}}  {self.seconds[path]:7.1f} s")
+            total = sum(self.seconds[p] for p in paths)
+            target = f"  (target for all lessons: {LESSON_TARGET_S} s)" if folder.endswith("notebooks") else ""
+            write(f"{folder + '/ total':<{width}}  {total:7.1f} s{target}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(NotebookTimes(), "notebook-times")
