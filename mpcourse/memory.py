@@ -489,13 +489,17 @@ def _model_storages(model: torch.nn.Module) -> set[tuple]:
 
 
 def measure_saved_activations(model: torch.nn.Module, *inputs,
-                              autocast_dtype: torch.dtype | None = None) -> SavedActivations:
+                              autocast_dtype: torch.dtype | None = None,
+                              loss: Callable[[object], torch.Tensor] | None = None
+                              ) -> SavedActivations:
     """Run `model(*inputs)` once and account for every tensor autograd saves for backward.
 
     Counts with `torch.autograd.graph.saved_tensors_hooks`, each storage once (q, k and v slice
     one storage; a tensor saved by two ops costs its bytes once). With `autocast_dtype`
     (torch.float16 or torch.bfloat16) the forward runs under `torch.autocast`, whose per-op
     policy leaves some saved tensors in FP32: see `.by("dtype")` and `.by("op")`.
+    `loss`, if given, is applied to the model's output in the same region, as a training step
+    does, so what the loss saves is counted too.
     """
     if autocast_dtype is not None and autocast_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"autocast_dtype must be None, torch.float16 or torch.bfloat16, "
@@ -512,6 +516,8 @@ def measure_saved_activations(model: torch.nn.Module, *inputs,
             torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16,
                            enabled=autocast_dtype is not None):
         outputs = model(*inputs)
+        if loss is not None:
+            outputs = loss(outputs)
 
     first_saver: dict[tuple, tuple[int, str]] = {}
     for node in _graph_nodes(outputs):

@@ -268,6 +268,17 @@ def test_linear_saves_its_input_and_references_its_weight():
     assert saved.total == x.nbytes
 
 
+def test_the_loss_is_measured_with_the_model():
+    layer = nn.Linear(16, 10)
+    x, targets = torch.randn(8, 16), torch.randint(10, (8,))
+    alone = measure_saved_activations(layer, x)
+    with_loss = measure_saved_activations(layer, x, autocast_dtype=torch.bfloat16,
+                                          loss=lambda logits: F.cross_entropy(logits, targets))
+    assert "log_softmax" not in alone.by("op")
+    assert with_loss.by("op")["log_softmax"] == 8 * 10 * 4  # computed in FP32 under autocast
+    assert with_loss.activations > x.nbytes // 2 + 8 * 10 * 4 + targets.nbytes
+
+
 def test_buffers_the_model_holds_are_not_counted_as_activations():
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
     x = torch.randn(5, 4, requires_grad=True)
