@@ -61,7 +61,7 @@ def browser_context(chromium_path, tmp_path_factory):
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=chromium_path,
-            headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900})
+            headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 1100})
         yield context
         context.close()
 

@@ -43,8 +43,78 @@ def check_widgets_render(lesson: LessonPage, cells, artifacts: Path) -> None:
         lesson.screenshot(artifacts / f"{stem}-figure-0.png", figures.first)
 
 
+#: How torch stores each format the bits explorer shows: dtype, the integer view, exponent bits.
+TORCH_FORMATS = {"fp32": ("float32", "int32", 8), "fp16": ("float16", "int16", 5),
+                 "bf16": ("bfloat16", "int16", 8), "fp8_e4m3": ("float8_e4m3fn", "uint8", 4),
+                 "fp8_e5m2": ("float8_e5m2", "uint8", 5)}
+
+
+def torch_bits(value: float, name: str) -> tuple[str, str, str]:
+    """Sign, exponent and mantissa bits of `value` stored in format `name`, as torch stores it."""
+    import torch
+    dtype_name, view_name, exponent_bits = TORCH_FORMATS[name]
+    dtype, view = getattr(torch, dtype_name), getattr(torch, view_name)
+    stored = torch.tensor(value, dtype=torch.float64).to(dtype).view(view).item()
+    width = torch.finfo(dtype).bits
+    text = format(stored & (2 ** width - 1), f"0{width}b")
+    return text[0], text[1:1 + exponent_bits], text[1 + exponent_bits:]
+
+
+def check_bits_explorer(lesson: LessonPage, artifacts: Path, value: str = "-0.3") -> None:
+    """Lesson 01: type a number into the bits explorer; each format's row shows torch's bits."""
+    explorer = lesson.output_of(".mpcourse-bits-explorer")
+    explorer.scroll_into_view_if_needed()
+    lesson.screenshot(artifacts / "01-bits-explorer-before.png", explorer)
+    explorer.locator(".mpcourse-bits-number input").fill(value)
+    table = explorer.locator(".mpcourse-bits-table pre")
+    table.filter(has_text=f"value: {float(value)!r}").wait_for(timeout=30_000)
+    lesson.screenshot(artifacts / "01-bits-explorer-after.png", explorer)
+    shown = {line.split()[0]: line.split()[1:4] for line in table.inner_text().splitlines()[2:]}
+    assert set(shown) == set(TORCH_FORMATS), f"the explorer shows formats {sorted(shown)}"
+    for name in TORCH_FORMATS:
+        assert tuple(shown[name]) == torch_bits(float(value), name), \
+            f"bits explorer, {name} of {value}: shows {shown[name]}, torch stores {torch_bits(float(value), name)}"
+
+
+def set_slider_to_minimum(panel, description: str) -> None:
+    """Focus the slider's handle and press Home, as a keyboard user would."""
+    slider = panel.locator(".widget-slider").filter(has=panel.page.locator(f'label:text-is("{description}")'))
+    slider.locator(".noUi-handle").focus()
+    slider.locator(".noUi-handle").press("Home")
+    minimum = slider.locator(".noUi-handle").get_attribute("aria-valuemin")
+    expect_text(slider.locator(".widget-readout"), f"{float(minimum):g}")
+
+
+def expect_text(locator, text: str, timeout_s: float = 30) -> None:
+    from playwright.sync_api import expect
+    expect(locator).to_have_text(text, timeout=timeout_s * 1000)
+
+
+def check_control_panel(lesson: LessonPage, artifacts: Path) -> None:
+    """Lesson 06: choose bf16, shrink the run to seconds, click Run; the results table gains a bf16 row.
+
+    bf16 is emulated (tens of times slower than fp32) on a CPU without AVX512-BF16, so the test
+    sets the sliders to their minimum before it runs.
+    """
+    panel = lesson.output_of("table.mpcourse-results")
+    panel.scroll_into_view_if_needed()
+    rows = panel.locator("table.mpcourse-results tbody tr")
+    before = rows.count()
+    panel.locator('.widget-toggle-button:text-is("bf16")').click()
+    for description in ("Model width (d_model)", "Batch size", "Steps"):
+        set_slider_to_minimum(panel, description)
+    lesson.screenshot(artifacts / "06-control-panel-before-run.png", panel)
+    run = panel.locator('.widget-button:text-is("Run")')
+    run.click()
+    from playwright.sync_api import expect
+    expect(rows).to_have_count(before + 1, timeout=180_000)
+    expect(run).to_be_enabled(timeout=60_000)
+    lesson.screenshot(artifacts / "06-control-panel-after-run.png", panel)
+    assert "bf16" in rows.nth(before).inner_text(), f"the new row is not the bf16 run: {rows.nth(before).inner_text()!r}"
+
+
 #: Lesson number -> a function that drives that lesson's interactive widget after Run All.
-WIDGET_CHECKS = {}
+WIDGET_CHECKS = {"01": check_bits_explorer, "06": check_control_panel}
 
 
 @pytest.mark.parametrize("notebook", LESSONS)
