@@ -1,0 +1,130 @@
+"""DDP with and without 16-bit compression hooks and FSDP2 with a bf16 policy, on 2 local processes.
+
+All runs share one torchrun launch (starting processes costs more than the runs), bounded in
+time; each is compared with single-process training on the same global batch.
+"""
+import pytest
+import torch
+
+from mpcourse.distributed import (DistributedRun, check_nproc, compress_hook, launch,
+                                  sharding_policy, torchrun_command, train_single_process)
+from mpcourse.models import GPT
+from mpcourse.train import RunConfig
+
+CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=8, steps=10,
+                   vocab_size=64, lr=1e-2, device="cpu")
+RUNS = {"ddp": DistributedRun("ddp"), "ddp_fp16": DistributedRun("ddp", "fp16"),
+        "ddp_bf16": DistributedRun("ddp", "bf16"),
+        "fsdp2": DistributedRun("fsdp2", param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+# How far each run's per-step loss may drift from single-process FP32 training, in nats. The
+# FP32 all-reduce only reorders sums; the hooks round gradients to 16 bits (fp16 keeps 11
+# significant bits, bf16 8); FSDP2's bf16 policy also computes the forward and backward in bf16.
+TOLERANCE = {"ddp": 1e-5, "ddp_fp16": 5e-4, "ddp_bf16": 5e-3, "fsdp2": 3e-2}
+
+
+@pytest.fixture(scope="module")
+def results():
+    measured = launch(list(RUNS.values()), CONFIG, nproc=2, timeout_s=120)
+    return dict(zip(RUNS, measured))
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train_single_process(CONFIG)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def num_parameters():
+    return GPT(CONFIG.model_config()).num_parameters()
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_loss_matches_single_process_training(results, single_process, name):
+    run = results[name]
+    assert run.world_size == 2 and run.backend == "gloo"
+    assert len(run.losses) == CONFIG.steps
+    drift = max(abs(a - b) for a, b in zip(run.losses, single_process))
+    assert drift <= TOLERANCE[name], f"{run.run.label}: per-step losses drift {drift:.2e} from one process"
+    assert run.losses[-1] < run.losses[0] - 0.3, "the run should train"
+
+
+def test_compression_hooks_really_round_the_gradients(results):
+    fp32 = results["ddp"].losses
+    for name in ("ddp_fp16", "ddp_bf16"):
+        assert results[name].losses != fp32, f"{name}: 16-bit gradients must change some loss"
+    assert max(abs(a - b) for a, b in zip(results["ddp_fp16"].losses, fp32)) < \
+        max(abs(a - b) for a, b in zip(results["ddp_bf16"].losses, fp32)), "fp16 keeps more bits than bf16"
+
+
+def test_16_bit_hooks_send_exactly_half_the_gradient_bytes(results, num_parameters):
+    fp32_bytes = results["ddp"].gradient_bytes_per_step
+    assert fp32_bytes == 4 * num_parameters, "DDP all-reduces every FP32 gradient once per step"
+    for name in ("ddp_fp16", "ddp_bf16"):
+        assert results[name].bytes_per_step == {"all_reduce": fp32_bytes // 2}
+        assert 2 * results[name].gradient_bytes_per_step == fp32_bytes
+
+
+def test_ddp_holds_a_full_fp32_replica_per_rank(results, num_parameters):
+    for name in ("ddp", "ddp_fp16", "ddp_bf16"):
+        assert results[name].param_bytes == [4 * num_parameters] * 2
+        assert results[name].grad_bytes == [4 * num_parameters] * 2
+
+
+def test_fsdp2_shards_fp32_parameters_and_gathers_bf16(results, num_parameters):
+    fsdp = results["fsdp2"]
+    # the sharded parameters stay FP32 (they are the master weights), half on each rank
+    assert sum(fsdp.param_bytes) == 4 * num_parameters and max(fsdp.param_bytes) < 0.6 * 4 * num_parameters
+    assert sum(fsdp.grad_bytes) == 4 * num_parameters
+    # the gradients are reduce-scattered in reduce_dtype=float32: all of them, 4 bytes each
+    assert fsdp.bytes_per_step["reduce_scatter"] == 4 * num_parameters
+    # the all-gathered copy is bf16, and only one block (the biggest unit) is whole at a time
+    block = GPT(CONFIG.model_config()).blocks[0]
+    assert fsdp.largest_gathered_bytes == 2 * sum(p.numel() for p in block.parameters())
+    assert fsdp.bytes_per_step["all_gather"] % 2 == 0
+
+
+def test_nproc_beyond_the_machine_is_refused():
+    with pytest.raises(ValueError, match="more processes than this machine has CPUs"):
+        check_nproc(10_000, "cpu")
+    with pytest.raises(ValueError, match="positive integer"):
+        check_nproc(0, "cpu")
+    with pytest.raises(ValueError, match="CPUs"):
+        launch([RUNS["ddp"]], CONFIG, nproc=10_000)
+
+
+def test_bad_policies_and_runs_are_refused():
+    with pytest.raises(ValueError, match="unsupported param_dtype torch.float8_e4m3fn"):
+        sharding_policy(torch.float8_e4m3fn, torch.float32)
+    with pytest.raises(ValueError, match="unsupported reduce_dtype torch.int32"):
+        DistributedRun("fsdp2", param_dtype=torch.bfloat16, reduce_dtype=torch.int32)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        DistributedRun("zero3")
+    with pytest.raises(ValueError, match="compress hooks belong to DDP"):
+        DistributedRun("fsdp2", compress="fp16")
+    with pytest.raises(ValueError, match="unknown compress"):
+        compress_hook("int8")
+    with pytest.raises(ValueError, match="split evenly"):
+        launch([RUNS["ddp"]], RunConfig(batch_size=7, device="cpu"), nproc=2)
+
+
+def test_policy_is_torchs_mixed_precision_policy():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    assert sharding_policy(torch.bfloat16, torch.float32) == MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def test_a_launch_that_runs_too_long_is_killed():
+    with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
+        launch([RUNS["ddp"]], CONFIG, nproc=2, timeout_s=0.5)
+
+
+def test_torchrun_command_starts_this_module():
+    command = torchrun_command(2, ["--spec", "s.json"])
+    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc-per-node=2" in command
+    assert command[-4:] == ["-m", "mpcourse.distributed", "--spec", "s.json"]
