@@ -217,6 +217,8 @@ def test_promote_special_cases_match_torch(low):
         "both low": [a.to(low), a.to(low)],
         "int and float": [a.to(torch.int64), a.to(low)],
         "the other 16-bit type": [a.to(other), a.to(other)],
+        "the other 16-bit type, then fp32": [a.to(other), a],
+        "fp32, then the other 16-bit type": [a, a.to(other)],
     }
     for label, inputs in cases.items():
         theirs = _run(torch.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
