@@ -82,7 +82,7 @@ def test_check_scores_the_learners_definitions_on_visible_tests(monkeypatch):
     score = _check_with(monkeypatch, {"torch": torch, "tensor_bytes": right})
     assert [r.passed for r in score.results] == [True, True, True]
     assert (score.score, score.max_score, score.hidden_points) == (3, 3, 1)
-    assert "3/3" in repr(score) and "hidden tests worth 1 more points" in repr(score)
+    assert "3/3" in repr(score) and "hidden tests worth 1 more point" in repr(score)
 
 
 def test_check_shows_the_assertion_message_as_the_hint(monkeypatch):

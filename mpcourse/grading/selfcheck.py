@@ -8,7 +8,9 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading.exercise import has_code, is_test_cell, visible
+from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, has_code, has_solution,
+                                       is_test_cell, visible, without_markers)
+from mpcourse.grading.release import STUB
 from mpcourse.grading.verdict import run_test
 
 
@@ -43,7 +45,8 @@ class Score:
         return "\n".join(rows)
 
     def _hidden_note(self) -> str:
-        return (f"   (hidden tests worth {self.hidden_points:g} more points run when your work is graded)"
+        points = "point" if self.hidden_points == 1 else "points"
+        return (f"   (hidden tests worth {self.hidden_points:g} more {points} run when your work is graded)"
                 if self.hidden_points else "")
 
     def _repr_html_(self) -> str:
@@ -95,22 +98,38 @@ def _shell():
 
 
 def _this_notebook(shell) -> Path:
-    """The notebook this kernel runs: Jupyter's session name, else the one whose cells ran here."""
+    """The notebook this kernel runs.
+
+    Jupyter tells the kernel its notebook's path; other runners (nbval, nbclient) don't, so then
+    the notebook is the exercise in the working folder whose cells this kernel has run, or
+    whose answers it has defined.
+    """
     session = os.environ.get("JPY_SESSION_NAME") or (shell.user_ns.get("__session__") if shell else None)
     if session and session.endswith(".ipynb") and Path(session).is_file():
         return Path(session)
     if shell is None:
         raise ValueError("check() runs inside an exercise notebook; elsewhere pass its path: check('ex00_bytes.ipynb')")
     executed = {source.strip() for source in shell.user_ns.get("In", []) if source.strip()}
-    best, best_overlap = None, 0
+    scores = {}
     for candidate in sorted(Path.cwd().glob("*.ipynb")):
         try:
-            cells = nbformat.read(candidate, as_version=4).cells
+            cells = [c for c in nbformat.read(candidate, as_version=4).cells if c.cell_type == "code"]
         except Exception:
             continue
-        overlap = sum(1 for c in cells if c.cell_type == "code" and c.source.strip() in executed)
-        if overlap > best_overlap:
-            best, best_overlap = candidate, overlap
-    if best is None:
+        ran = sum(1 for c in cells if c.source.strip() in executed)
+        answers = [name for c in cells if has_solution(c) or STUB[0] in c.source
+                   for name in _names(c.source)]
+        defined = sum(1 for name in answers if name in shell.user_ns)
+        if ran or (answers and defined == len(answers)):
+            scores[candidate] = (ran, defined)
+    ranked = sorted(scores, key=scores.get, reverse=True)
+    if not ranked or (len(ranked) > 1 and scores[ranked[0]] == scores[ranked[1]]):
         raise ValueError("check() could not tell which notebook is running; pass its path: check('ex00_bytes.ipynb')")
-    return best
+    return ranked[0]
+
+
+def _names(source: str) -> list[str]:
+    try:
+        return defined_names(without_markers(source, BEGIN_SOLUTION, END_SOLUTION))
+    except SyntaxError:
+        return []
