@@ -14,8 +14,7 @@ SHAPES = [(1024, 1024)] * 4 + [(1024,)] * 4   # about 4.2 million parameters
 
 def parameters(dtype):
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(shape).to(dtype)) for shape in SHAPES]
-    return params
+    return [torch.nn.Parameter(torch.randn(shape).to(dtype)) for shape in SHAPES]
 
 
 def main():

@@ -88,8 +88,9 @@ class GradScaler:
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
         if not isinstance(init_scale, numbers.Real):
-            raise ValueError(f"init_scale must be a positive number, got {init_scale!r} (mpcourse's "
-                             "GradScaler takes no device argument: the scale follows the loss)")
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r} "
+                             "(mpcourse's GradScaler takes no device argument: the scale "
+                             "follows the loss)")
         if not (init_scale > 0 and math.isfinite(init_scale)):
             raise ValueError(f"init_scale must be a positive finite number, got {init_scale}")
         self._enabled = enabled
@@ -136,7 +137,7 @@ class GradScaler:
         if any(g.dtype == torch.float16 for g in grads):
             raise ValueError("Attempting to unscale FP16 gradients.")
         inv_scale = torch.tensor(self._scale, dtype=torch.float64).reciprocal().float()
-        found_inf = False
+        found_inf = None if not grads else False  # None: no gradient to check at all
         with torch.no_grad():
             for grad in grads:
                 found_inf = found_inf or not bool(torch.isfinite(grad).all())
@@ -159,6 +160,9 @@ class GradScaler:
             raise RuntimeError("step() has already been called since the last update().")
         if state["stage"] == READY:
             self.unscale_(optimizer)
+        if state["found_inf"] is None:
+            raise RuntimeError("No inf checks were recorded for this optimizer: none of its "
+                               "parameters has a gradient.")
         result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
         state["stage"] = STEPPED
         return result
@@ -171,10 +175,12 @@ class GradScaler:
         if new_scale is not None:
             self._scale = to_fp32(_as_float(new_scale))
         else:
-            if not self._per_optimizer:
+            checks = [state["found_inf"] for state in self._per_optimizer.values()
+                      if state["found_inf"] is not None]
+            if not checks:
                 raise RuntimeError("No inf checks were recorded prior to update(): call step() "
                                    "(or unscale_()) for each optimizer first.")
-            found_inf = any(state["found_inf"] for state in self._per_optimizer.values())
+            found_inf = any(checks)
             before = self._scale
             self._scale, self._growth_tracker = update_scale(
                 self._scale, self._growth_tracker, found_inf, self._growth_factor,
@@ -251,7 +257,7 @@ class GradScaler:
     # Bookkeeping.
 
     def _state(self, optimizer) -> dict[str, Any]:
-        return self._per_optimizer.setdefault(id(optimizer), {"stage": READY, "found_inf": False})
+        return self._per_optimizer.setdefault(id(optimizer), {"stage": READY, "found_inf": None})
 
     def _require_scale(self, method: str) -> None:
         if self._scale is None:

@@ -274,6 +274,18 @@ def test_usage_errors_match_torch():
             scaler.load_state_dict({})
 
 
+def test_no_gradients_to_check_is_an_error_like_torch():
+    for make in (GradScaler, torch_scaler):
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = make()
+        scaler.scale(torch.ones(()))
+        with pytest.raises((RuntimeError, AssertionError), match="No inf checks"):
+            scaler.step(opt)  # backward never ran: no gradients
+        with pytest.raises((RuntimeError, AssertionError), match="No inf checks"):
+            scaler.update()
+
+
 def test_fp16_gradients_are_refused_like_torch():
     for make in (GradScaler, torch_scaler):
         model = make_model(torch.float16)
