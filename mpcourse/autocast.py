@@ -12,6 +12,11 @@ This module writes those tables out (`policy_for`), checks them against the disp
 (`autocast`, a `torch.overrides.TorchFunctionMode`). Casting in Python, above autograd, is exactly
 what torch does in C++: the casts are recorded by autograd, so backward runs each op in the dtype
 its forward used, and gradients reach float32 parameters in float32.
+
+Where it can differ from torch: the mode decides per Python-visible call, while torch decides per
+dispatcher call. Ops that torch rewrites in C++ into a listed op are mapped in `RUNS_AS` by their
+usual rewrite (so an `einsum` that only sums, with no `bmm` inside, is cast although torch would
+not cast it), and the weight cache is keyed by dtype as well as by tensor (see `_State`).
 """
 from __future__ import annotations
 
@@ -314,14 +319,17 @@ class _Region:
 
 
 class _State(threading.local):
-    """Like torch's autocast state, per thread: the stack of open regions and the weight cache."""
+    """Like torch's autocast state, per thread: the open regions, the weight cache, the mode.
+
+    The cache maps (id of a float32 leaf, target dtype) to (the leaf, its cast copy). torch keys
+    its cache by the tensor alone, so a nested region with another dtype gets the outer region's
+    copy and its matmul fails on mixed dtypes; keying by dtype too avoids that.
+    """
 
     def __init__(self) -> None:
         self.regions: list[_Region] = []
-        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-_state = _State()
+        self.cache: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.mode = _PolicyMode()
 
 
 class autocast:
@@ -367,13 +375,13 @@ class autocast:
         _state.regions.append(_Region(self.policy, self.dtype, self.enabled, self.cache_enabled,
                                       self.trace if self.trace is not None else outer_trace))
         if len(_state.regions) == 1:
-            _MODE.__enter__()
+            _state.mode.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         _state.regions.pop()
         if not _state.regions:
-            _MODE.__exit__(*exc)
+            _state.mode.__exit__(*exc)
             _state.cache.clear()
 
 
@@ -417,13 +425,14 @@ def _cast(t: torch.Tensor, target: torch.dtype, region: _Region, casts: list[Cas
         return t
     cacheable = (region.cache_enabled and target == region.dtype and t.dtype == torch.float32
                  and t.requires_grad and t.is_leaf and not t._is_view())
-    if cacheable and id(t) in _state.cache:
-        out = _state.cache[id(t)][1]
+    key = (id(t), target)
+    if cacheable and key in _state.cache:
+        out = _state.cache[key][1]
         casts.append(Cast(t.dtype, target, out.nelement() * out.element_size(), cached=True))
         return out
     out = t.to(target)
     if cacheable:
-        _state.cache[id(t)] = (t, out)  # holding `t` keeps its id from being reused
+        _state.cache[key] = (t, out)  # holding `t` keeps its id from being reused
     casts.append(Cast(t.dtype, target, out.nelement() * out.element_size(), cached=False))
     return out
 
@@ -442,23 +451,25 @@ def _op_name(func: Callable) -> str:
     return _TENSOR_DUNDERS.get(name, name)
 
 
-def _without_own_check(func: types.FunctionType,
-                       _copies: dict[types.FunctionType, types.FunctionType] = {}) -> Callable:
+_UNCHECKED_COPIES: dict[types.FunctionType, types.FunctionType] = {}
+
+
+def _without_own_check(func: types.FunctionType) -> Callable:
     """A copy of a Python-level torch function that skips its own `has_torch_function` check.
 
     torch.nn.functional's Python functions (softmax, multi_head_attention_forward, ...) first hand
     themselves to the active mode as one opaque call. Running this copy instead lets the mode see
     the ops inside, one by one, as the dispatcher-level autocast does.
     """
-    if func not in _copies:
+    if func not in _UNCHECKED_COPIES:
         never = lambda *args: False  # noqa: E731
         scope = {**func.__globals__, "has_torch_function": never,
                  "has_torch_function_unary": never, "has_torch_function_variadic": never}
         copy = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
                                   func.__closure__)
         copy.__kwdefaults__ = func.__kwdefaults__
-        _copies[func] = copy
-    return _copies[func]
+        _UNCHECKED_COPIES[func] = copy
+    return _UNCHECKED_COPIES[func]
 
 
 class _PolicyMode(TorchFunctionMode):
@@ -508,7 +519,7 @@ class _PolicyMode(TorchFunctionMode):
         return result
 
 
-_MODE = _PolicyMode()
+_state = _State()
 
 
 def profiled_casts(fn: Callable[[], object]) -> Counter:

@@ -380,6 +380,18 @@ def test_weight_cache_is_emptied_on_exit_of_the_outermost_region():
     assert region.trace.cache_hits() == 0 and len(region.trace.casts()) == 1
 
 
+def test_cache_keeps_one_copy_per_dtype_in_nested_regions():
+    """torch's cache is keyed by tensor only, so this layer(x) fails under nested torch.autocast."""
+    layer, x = nn.Linear(4, 4), torch.randn(2, 4)
+    with mpcourse.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
+        outer = layer(x)
+        with mpcourse.autocast("cpu", dtype=torch.float16):
+            inner = layer(x)
+        again = layer(x)
+    assert (outer.dtype, inner.dtype, again.dtype) == (torch.bfloat16, torch.float16, torch.bfloat16)
+    assert region.trace.cache_hits() == 2
+
+
 def test_trace_records_category_dtypes_and_cast_bytes():
     w = torch.randn(16, 8, requires_grad=True)
     x = torch.randn(4, 8)
