@@ -264,7 +264,8 @@ def case_03_attention_mask_overflow(length: int = 6, padding: int = 2, dim: int 
         3, "Attention mask finfo(fp16).min plus a negative bias: -inf, then NaN",
         symptom="NaN in the attention output of padded rows, and one layer later in every row",
         cause="-65504 + (-20) is beyond fp16's range and rounds to -inf; a row whose entries are "
-              "all -inf has softmax 0/0 = NaN, and 0 * NaN spreads it through the next layer",
+              "all -inf has softmax 0/0 = NaN, and as keys and values those NaN rows reach every "
+              "query of the next layer",
         fix="add the mask and bias and take the softmax in fp32 (CUDA autocast runs softmax in "
             "fp32; it cannot undo an add that already overflowed in fp16)",
         references=("pytorch #60939", "transformers #17433", "transformers #17306"),
@@ -846,19 +847,25 @@ def _modern_calls(device_type: str) -> None:
     torch.amp.custom_fwd(lambda ctx, x: x, device_type=device_type)
 
 
-def _future_warnings(calls: Callable[[], None]) -> list[str]:
+def _caught_warnings(calls: Callable[[], None]) -> tuple[list[str], list[str]]:
+    """The messages of the FutureWarnings and of all other warnings that `calls` emits."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         calls()
-    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    return future, [str(w.message) for w in caught if not issubclass(w.category, FutureWarning)]
 
 
 def case_12_deprecated_apis() -> Case:
-    """torch.cuda.amp.* and torch.cpu.amp.* warn (FutureWarning); torch.amp.* does not."""
+    """torch.cuda.amp.* and torch.cpu.amp.* warn (FutureWarning); torch.amp.* does not.
+
+    Without CUDA the old CUDA calls also warn that CUDA is unavailable and disable themselves;
+    those warnings are recorded separately (`other_messages`).
+    """
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    old = _future_warnings(_deprecated_calls)
-    new = _future_warnings(lambda: _modern_calls(device_type))
-    before = {"future_warnings": len(old), "messages": old}
+    old, old_other = _caught_warnings(_deprecated_calls)
+    new, _ = _caught_warnings(lambda: _modern_calls(device_type))
+    before = {"future_warnings": len(old), "messages": old, "other_messages": old_other}
     after = {"future_warnings": len(new), "device_type": device_type,
              "replacements": dict(DEPRECATED_TO_MODERN)}
     return Case(
