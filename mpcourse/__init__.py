@@ -6,6 +6,7 @@ Modules follow the lessons: `formats` (number formats, lesson 01), `memory` (les
 __version__ = "0.1.0"
 from mpcourse import benchmark, course, hardware
 from mpcourse.autocast import AutocastPolicy, autocast, explain, policy_for
+from mpcourse.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat, round_to
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory
 from mpcourse.scaling import GradScaler, StaticLossScaler
