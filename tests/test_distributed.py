@@ -6,8 +6,9 @@ time; each is compared with single-process training on the same global batch.
 import pytest
 import torch
 
-from mpcourse.distributed import (DistributedRun, check_nproc, compress_hook, launch,
-                                  sharding_policy, torchrun_command, train_single_process)
+from mpcourse.distributed import (DistributedRun, check_nproc, compress_hook, launch, memory_per_rank,
+                                  sharding_policy, simulated_reduce, torchrun_command,
+                                  train_single_process)
 from mpcourse.models import GPT
 from mpcourse.train import RunConfig
 
@@ -86,6 +87,35 @@ def test_fsdp2_shards_fp32_parameters_and_gathers_bf16(results, num_parameters):
     block = GPT(CONFIG.model_config()).blocks[0]
     assert fsdp.largest_gathered_bytes == 2 * sum(p.numel() for p in block.parameters())
     assert fsdp.bytes_per_step["all_gather"] % 2 == 0
+
+
+def test_memory_model_matches_what_the_ranks_measured(results, num_parameters):
+    block = sum(p.numel() for p in GPT(CONFIG.model_config()).blocks[0].parameters())
+    ddp = memory_per_rank("ddp", num_parameters, 2)
+    assert results["ddp"].param_bytes == [ddp.parameters] * 2 and results["ddp"].grad_bytes == [ddp.gradients] * 2
+    fsdp = memory_per_rank("fsdp2", num_parameters, 2, largest_unit=block,
+                           param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert max(results["fsdp2"].param_bytes) == fsdp.parameters
+    assert max(results["fsdp2"].grad_bytes) == fsdp.gradients
+    assert results["fsdp2"].largest_gathered_bytes == fsdp.gathered
+    assert fsdp.optimizer == 2 * fsdp.parameters and fsdp.reduce_buffer == 4 * block
+    assert fsdp.peak == fsdp.persistent + 2 * block + 4 * block
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        memory_per_rank("fsdp2", 10, 0)
+    with pytest.raises(ValueError, match="unsupported param_dtype"):
+        memory_per_rank("fsdp2", 10, 2, param_dtype=torch.int8)
+
+
+def test_simulated_reduce_is_the_hooks_arithmetic():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(1000, generator=g) * 1e-3 for _ in range(8)]
+    expected = torch.zeros(1000, dtype=torch.bfloat16)
+    for grad in grads:   # what the compress hook and a ring all-reduce do, written out
+        expected = expected + grad.to(torch.bfloat16).div_(8)
+    assert torch.equal(simulated_reduce(grads, torch.bfloat16), expected.float())
+    exact = torch.stack(grads).double().mean(0)
+    error = lambda dtype: ((simulated_reduce(grads, dtype).double() - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert error(torch.float32) < 1e-6 < error(torch.float16) < error(torch.bfloat16) < 0.01
 
 
 def test_nproc_beyond_the_machine_is_refused():
