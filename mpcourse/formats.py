@@ -137,8 +137,9 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
 
     Keeps the sign (so -0 stays -0), subnormals, infinities and NaN. Values too large for `fmt`
     follow `fmt.overflow`. `rounding` is "nearest_even" (what hardware casts do), "toward_zero"
-    (drop the extra bits; finite values then never overflow), or "stochastic" (round up with probability equal to the fraction of
-    the gap already covered, so the result is right on average; `generator` seeds it).
+    (drop the extra bits; finite values then never overflow), or "stochastic" (round up with
+    probability equal to the fraction of the gap already covered, so the result is right on
+    average; `generator` seeds it).
     Float16 and bfloat16 inputs are accepted (float32 holds them exactly); float64 is not.
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
