@@ -898,9 +898,13 @@ def table(cases: list[Case]) -> str:
     """The closing symptom -> cause -> fix table, as Markdown, one row per case."""
     if not cases:
         raise ValueError("table needs at least one Case, got none")
-    clean = lambda text: text.replace("|", "\\|").replace("\n", " ")  # noqa: E731
     rows = ["| # | symptom | cause | fix | measured here |", "|---|---|---|---|---|"]
     for c in cases:
-        rows.append(f"| {c.number} | {clean(c.symptom)} | {clean(c.cause)} | {clean(c.fix)} | "
-                    f"{clean(c.evidence)} |")
+        cells = (escape_markdown(text) for text in (c.symptom, c.cause, c.fix, c.evidence))
+        rows.append(f"| {c.number} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def escape_markdown(text: str) -> str:
+    """`text` made safe for one Markdown table cell: pipes and asterisks (2**16) kept literal."""
+    return text.replace("|", "\\|").replace("*", "\\*").replace("\n", " ")

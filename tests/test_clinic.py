@@ -238,7 +238,9 @@ def test_table_is_rendered_from_the_cases(cases):
     assert lines[0].startswith("| # | symptom | cause | fix |") and len(lines) == 2 + 12
     for case, line in zip(cases.values(), lines[2:]):
         assert line.startswith(f"| {case.number} |")
-        assert case.evidence.replace("|", "\\|") in line and case.fix.replace("|", "\\|") in line
+        assert clinic.escape_markdown(case.evidence) in line and clinic.escape_markdown(case.fix) in line
+    assert "2\\*\\*16" in lines[2 + 6], "asterisks must not turn into bold text"
+    assert clinic.escape_markdown("a|b*c\nd") == "a\\|b\\*c d"
     with pytest.raises(ValueError, match="at least one"):
         clinic.table([])
 
