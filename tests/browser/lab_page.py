@@ -8,17 +8,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
+
 STDERR_MIME = "application/vnd.jupyter.stderr"   # how JupyterLab marks tracebacks and stderr
 
-#: Reads the notebook's state in one round trip: each code cell's prompt and whether it has
-#: source, the text of every error or stderr output, how many outputs show a widget view, and
-#: the start of its outputs' text.
+#: Reads the notebook's state in one round trip: each code cell's prompt, the text of every
+#: error or stderr output, how many outputs show a widget view, and the start of its outputs' text.
 _STATE_JS = """() => {
   const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')];
   return cells.map((cell, index) => ({
     index,
     prompt: (cell.querySelector('.jp-InputArea-prompt') || {}).textContent || '',
-    empty: !((cell.querySelector('.jp-InputArea-editor .cm-content') || {}).textContent || '').trim(),
     errors: [...cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="%s"]')]
               .map(e => e.textContent.slice(0, 3000)),
     widgets: [...cell.querySelectorAll('.jp-OutputArea-output')]
@@ -32,7 +32,6 @@ _STATE_JS = """() => {
 class CellState:
     index: int          # position among the notebook's code cells
     prompt: str         # "[3]:", "[*]:" while queued or running, "[ ]:" when not run
-    empty: bool
     errors: list[str]
     widgets: int        # outputs that show a rendered widget view
     text: str
@@ -44,10 +43,12 @@ class CellState:
 
 
 class LessonPage:
-    """One lesson open in its own browser tab."""
+    """One lesson open in its own browser tab; `path` is the notebook in the server's root."""
 
-    def __init__(self, context, lab, notebook: str):
-        self.lab, self.notebook = lab, notebook
+    def __init__(self, context, lab, path: Path):
+        self.lab, self.notebook = lab, path.name
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        self.code_cells = [i for i, c in enumerate(code) if c.source.strip()]  # JupyterLab skips empty ones
         self.page = context.new_page()
 
     def open(self, timeout_s: float = 120) -> None:
@@ -65,8 +66,12 @@ class LessonPage:
         self.page.locator(".lm-MenuBar-item", has_text=menu).click()
         self.page.locator(f'.lm-Menu-item[data-command="{command}"]').click()
 
-    def cells(self) -> list[CellState]:
-        return [CellState(**cell) for cell in self.page.evaluate(_STATE_JS)]
+    def code(self) -> list[CellState]:
+        """The state of the code cells that have source, as the page shows them now."""
+        cells = self.page.evaluate(_STATE_JS)
+        assert len(cells) > max(self.code_cells, default=-1), \
+            f"{self.notebook}: the page shows {len(cells)} code cells, the file has more"
+        return [CellState(**cells[i]) for i in self.code_cells]
 
     def run_all(self, timeout_s: float) -> list[CellState]:
         """Clear the stored outputs, Run > Run All Cells, and wait until every cell has run.
@@ -75,21 +80,21 @@ class LessonPage:
         any more (JupyterLab stops a Run All at the first exception).
         """
         self.menu("Edit", "editmenu:clear-all")
-        code = [c for c in self.cells() if not c.empty]
-        assert code and all(c.count is None for c in code), \
+        code = self.code()
+        assert len(code) == len(self.code_cells) and all(c.count is None for c in code), \
             f"{self.notebook}: Clear Outputs of All Cells left prompts {[c.prompt for c in code]}"
         self.menu("Run", "runmenu:run-all")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             time.sleep(1)
-            cells = [c for c in self.cells() if not c.empty]
+            cells = self.code()
             running = any("*" in c.prompt for c in cells)
             if all(c.count is not None for c in cells) and not running:
                 return cells
             if any(c.errors for c in cells) and not running:
                 return cells
         raise AssertionError(f"{self.notebook}: Run All did not finish within {timeout_s} s; prompts "
-                             f"{[c.prompt for c in self.cells() if not c.empty]}")
+                             f"{[c.prompt for c in self.code()]}")
 
     def output_of(self, selector: str):
         """The output area (one cell's output) that contains `selector`."""

@@ -1,8 +1,9 @@
 """Start JupyterLab for a browser test: localhost, a free port, a token, nothing written to the course.
 
 The server's settings and state live in a throwaway folder. Autosave is off, so running a lesson
-in the browser never rewrites the notebook on disk; windowing is off, so every cell is in the page
-and can be checked.
+in the browser never rewrites the notebook on disk. Windowing stays at JupyterLab's default,
+"contentVisibility": every cell is in the page (and can be checked), and the browser skips
+painting the ones off screen.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 #: JupyterLab settings for a test run, keyed by plugin id.
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
-    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "contentVisibility"},
     "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
 }
 

@@ -120,7 +120,7 @@ WIDGET_CHECKS = {"01": check_bits_explorer, "06": check_control_panel}
 @pytest.mark.parametrize("notebook", LESSONS)
 def test_lesson_runs_in_jupyterlab(notebook, lab, browser_context, artifacts):
     before = (ROOT / "notebooks" / notebook).read_bytes()
-    lesson = LessonPage(browser_context, lab, notebook)
+    lesson = LessonPage(browser_context, lab, ROOT / "notebooks" / notebook)
     try:
         lesson.open()
         cells = lesson.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
