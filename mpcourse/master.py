@@ -38,7 +38,8 @@ class MasterWeightOptimizer:
     gradients changes nothing the optimizer uses.
 
     Gradients therefore reach the masters only through backward; a `.grad` assigned by hand to a
-    working parameter is not seen.
+    working parameter is not seen. For a learning-rate scheduler, give it the inner optimizer,
+    `optimizer.optimizer`: it shares the parameter groups.
     """
 
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], optimizer_cls: type,

@@ -241,3 +241,16 @@ def test_bad_input_gets_clear_errors():
     opt = MasterWeightOptimizer([p], torch.optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match="masters"):
         opt.load_state_dict({"masters": [], "optimizer": opt.optimizer.state_dict()})
+
+
+def test_lr_scheduler_on_the_inner_optimizer_drives_the_steps():
+    w = torch.nn.Parameter(torch.zeros((), dtype=torch.float16))
+    opt = MasterWeightOptimizer([w], torch.optim.SGD, lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=1, gamma=0.5)
+    for _ in range(3):
+        opt.zero_grad()
+        (-w).backward()
+        opt.step()
+        scheduler.step()
+    assert opt.param_groups[0]["lr"] == 0.125
+    assert w.item() == 1.0 + 0.5 + 0.25
