@@ -6,9 +6,9 @@ again. It returns a `Case`: the diagnosis in words and the numbers measured befo
 fix. The lesson prints those numbers, the tests assert them, and `table` renders the closing
 "symptom -> cause -> fix" table from the same records, so prose, tests and table cannot disagree.
 
-Every reproduction runs on a CPU in well under a second (case 8 times a few matmuls and takes
-longer), so the 16-bit work is kept to a few small tensors: on a CPU without native 16-bit
-arithmetic, fp16 and bf16 math is emulated and slow.
+Every reproduction uses a few small tensors, because on a CPU without 16-bit instructions fp16
+and bf16 math is emulated and slow; on one CPU thread each case takes well under a second (case
+8, which times things, a little longer). On tensors this small, extra threads only add waiting.
 """
 from __future__ import annotations
 
