@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import mpcourse
 from mpcourse.benchmark import compare
+from mpcourse.hardware import report
 
 VOCAB, D_MODEL, HEADS, LAYERS, BATCH, SEQ = 256, 128, 4, 2, 8, 32
 
@@ -45,6 +46,7 @@ def main() -> None:
         name_a="torch.autocast", name_b="mpcourse.autocast", warmup=2, repeats=9)
     print(f"one bf16 training step, {LAYERS}-layer transformer (d={D_MODEL}, batch {BATCH}x{SEQ}), "
           f"{torch.get_num_threads()} threads")
+    print(f"bf16 on this machine: {report().precisions['bf16'].how}")
     print(result)
     print(f"target ratio <= 1.5: {'met' if result.ratio <= 1.5 else 'NOT met'}")
 
