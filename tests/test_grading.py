@@ -111,6 +111,7 @@ EXPECTED = {
     "ex00_deletes_helpers": (0, "deleted builtins.AssertionError"),
     "ex00_patches_torch": (0, "replaced torch.Tensor.nbytes"),
     "ex00_prints_megabytes": (4, None),
+    "ex00_trains_a_model": (4, None),  # building an optimizer loads torch._dynamo: not tampering
     "ex00_sabotage": (0, None),
     "ex00_not_a_notebook": (0, "not a valid .ipynb"),
 }

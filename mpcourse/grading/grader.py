@@ -33,6 +33,7 @@ OUTPUT_LIMIT = 100_000  # characters of output kept per cell; the rest is droppe
 FINGERPRINT = """
 def __mpcourse_fingerprint():
     import builtins, inspect, json, math, sys, torch, torch.nn.functional, torch.testing, mpcourse.grading
+    import torch._dynamo, torch.optim  # loading these rebinds some torch functions: do it before, not during
     watched = {{"builtins": builtins, "math": math, "torch": torch, "torch.nn.functional": torch.nn.functional,
                "torch.testing": torch.testing, "mpcourse.grading": mpcourse.grading}}
     ids = {{name + "." + key: id(value) for name, obj in watched.items()
