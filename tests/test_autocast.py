@@ -320,6 +320,17 @@ def test_nested_and_disabled_regions_match_torch():
     assert _nested(mpcourse.autocast)[:3] == [torch.bfloat16, torch.float32, torch.float16]
 
 
+def test_an_exception_inside_the_region_leaves_autocast_off():
+    from mpcourse.autocast import _state
+    with pytest.raises(ZeroDivisionError):
+        with mpcourse.autocast("cpu"):
+            1 / 0
+    a = torch.randn(2, 2)
+    assert torch.mm(a, a).dtype == torch.float32
+    assert _state.regions == [] and _state.cache == {}
+    assert torch._C._len_torch_function_stack() == 0
+
+
 def _to_copy_count(fn):
     return sum(profiled_casts(fn).values())
 
