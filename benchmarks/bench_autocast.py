@@ -43,7 +43,7 @@ def main() -> None:
                               tokens, targets),
         lambda: training_step(model, optimizer, lambda: mpcourse.autocast("cpu", dtype=torch.bfloat16),
                               tokens, targets),
-        name_a="torch.autocast", name_b="mpcourse.autocast", warmup=2, repeats=9)
+        name_a="torch.autocast", name_b="mpcourse.autocast", warmup=1, repeats=7)
     print(f"one bf16 training step, {LAYERS}-layer transformer (d={D_MODEL}, batch {BATCH}x{SEQ}), "
           f"{torch.get_num_threads()} threads")
     print(f"bf16 on this machine: {report().precisions['bf16'].how}")
