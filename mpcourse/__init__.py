@@ -10,3 +10,4 @@ from mpcourse.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat, 
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory
 from mpcourse.scaling import GradScaler, StaticLossScaler
+from mpcourse.train import RunConfig, RunResult

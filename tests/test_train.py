@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from mpcourse import hardware, train as train_module
+from mpcourse import hardware
 from mpcourse.data import MarkovText
 from mpcourse.models import GPT, next_token_loss
 from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, PRECISIONS, RunConfig,
