@@ -15,7 +15,7 @@ import sys
 import torch
 
 from mpcourse.models import GPT
-from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, RunComparison, RunConfig, train
+from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, RunComparison, train
 
 # Dense (no sparsity) peak FLOP/s from NVIDIA's data sheets, per precision.
 PEAK_FLOPS = {

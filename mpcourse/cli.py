@@ -28,7 +28,7 @@ def _run_config(args: argparse.Namespace, precision: str):
     """A RunConfig from the command line; sizes not given come from the lab's config for this device."""
     import dataclasses
     from mpcourse.hardware import scaled
-    from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, RunConfig
+    from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG
     base = scaled(cpu=LESSON_CPU_CONFIG, cuda=LESSON_CUDA_CONFIG) if args.device in ("auto", "cuda") \
         else LESSON_CPU_CONFIG
     given = {name: getattr(args, name) for name in ("d_model", "n_layers", "n_heads", "batch_size",

@@ -1,5 +1,4 @@
 """The control panel's logic, driven without a browser: controls -> config, Run -> a new row."""
-import dataclasses
 import re
 
 import matplotlib
