@@ -291,6 +291,33 @@ def launch(runs: list[DistributedRun], config: RunConfig, nproc: int = 2,
     return [DistributedResult(run=run, **values) for run, values in zip(runs, saved)]
 
 
+def run_for_precision(precision: str) -> DistributedRun:
+    """The run `mpcourse train --nproc N --precision P` starts.
+
+    FP32 (and TF32) train with DDP and an FP32 all-reduce. BF16 and FP16 train the way
+    distributed mixed precision is usually done: FSDP2 with `param_dtype` set to that type and
+    `reduce_dtype=torch.float32`.
+    """
+    if precision in ("fp32", "tf32"):
+        return DistributedRun("ddp")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if precision not in dtypes:
+        raise ValueError(f"unknown precision {precision!r}; choose one of fp32, tf32, bf16, fp16")
+    return DistributedRun("fsdp2", param_dtype=dtypes[precision], reduce_dtype=torch.float32)
+
+
+def format_results(results: list[DistributedResult]) -> str:
+    """The runs as a plain-text table: final loss, bytes communicated and memory per rank."""
+    header = (f"{'run':36}{'ranks':>6}{'final loss':>11}{'gradient B/step':>16}"
+              f"{'other B/step':>13}{'params B/rank':>14}{'grads B/rank':>13}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        other = sum(r.bytes_per_step.values()) - r.gradient_bytes_per_step
+        lines.append(f"{r.run.label:36}{r.world_size:>6}{r.losses[-1]:>11.4f}{r.gradient_bytes_per_step:>16,}"
+                     f"{other:>13,}{max(r.param_bytes):>14,}{max(r.grad_bytes):>13,}")
+    return "\n".join(lines)
+
+
 def train_single_process(config: RunConfig) -> list[float]:
     """The reference: the same model, data and optimizer in one FP32 process; the loss per step."""
     model, batches = _model_and_data(config, config.resolved_device())

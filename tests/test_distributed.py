@@ -6,8 +6,8 @@ time; each is compared with single-process training on the same global batch.
 import pytest
 import torch
 
-from mpcourse.distributed import (DistributedRun, check_nproc, compress_hook, launch, memory_per_rank,
-                                  sharding_policy, simulated_reduce, torchrun_command,
+from mpcourse.distributed import (DistributedRun, check_nproc, compress_hook, format_results, launch,
+                                  memory_per_rank, run_for_precision, sharding_policy, simulated_reduce, torchrun_command,
                                   train_single_process)
 from mpcourse.models import GPT
 from mpcourse.train import RunConfig
@@ -158,3 +158,13 @@ def test_torchrun_command_starts_this_module():
     assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert "--nproc-per-node=2" in command
     assert command[-4:] == ["-m", "mpcourse.distributed", "--spec", "s.json"]
+
+
+def test_precision_maps_to_a_distributed_run_and_results_print(results):
+    assert run_for_precision("fp32") == DistributedRun("ddp")
+    assert run_for_precision("bf16") == RUNS["fsdp2"]
+    assert run_for_precision("fp16").param_dtype == torch.float16
+    with pytest.raises(ValueError, match="unknown precision"):
+        run_for_precision("fp8")
+    table = format_results(list(results.values()))
+    assert "DDP fp16 compress hook" in table and f"{results['ddp'].gradient_bytes_per_step:,}" in table
