@@ -282,8 +282,7 @@ def launch(runs: list[DistributedRun], config: RunConfig, nproc: int = 2,
         try:
             log, _ = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)   # torchrun and the workers it started
-            process.communicate()
+            _stop(process)
             raise TimeoutError(f"the {nproc}-process run did not finish within {timeout_s} s")
         if process.returncode != 0 or not out.exists():
             raise RuntimeError(f"torchrun failed (exit code {process.returncode}):\n{log[-3000:]}")
@@ -316,6 +315,44 @@ def format_results(results: list[DistributedResult]) -> str:
         lines.append(f"{r.run.label:36}{r.world_size:>6}{r.losses[-1]:>11.4f}{r.gradient_bytes_per_step:>16,}"
                      f"{other:>13,}{max(r.param_bytes):>14,}{max(r.grad_bytes):>13,}")
     return "\n".join(lines)
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop torchrun and every worker it started.
+
+    torchrun starts each worker in a session of its own, so killing torchrun's process group
+    would leave them running. SIGTERM lets torchrun stop its workers; whatever is left after
+    `grace_s` (found beforehand, while they are still torchrun's descendants) is killed.
+    """
+    workers = _descendants(process.pid)
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.communicate(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """The ids of all processes below `pid` (Linux /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found
 
 
 def train_single_process(config: RunConfig) -> list[float]:
