@@ -1,10 +1,11 @@
 """Breaking a stored output in any notebook makes `make test` fail.
 
 `make test` trusts nbval to compare every notebook's fresh outputs with the stored ones. This
-checks that trust, notebook by notebook: copy the notebook, change the first stored output nbval
-compares, drop the cells after it, and run nbval with the Makefile's own flags. The broken cell
-must fail with nbval's "outputs differ" report, and every cell before it must pass, so the failure
-comes from the broken output and from nothing else.
+checks that trust, notebook by notebook: copy each lesson and solution, change the first stored
+output nbval compares, drop the cells after it, and run nbval over the copies with the
+Makefile's own flags (one pytest run, one kernel per notebook). In every copy the broken cell
+must fail with nbval's "outputs differ" report and every cell before it must pass, so the
+failure comes from the broken output and from nothing else.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from nbval.plugin import find_comment_markers, find_metadata_tags
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
-BROKEN = "\nthis line was not in the stored output\n"
+BROKEN = "this line was not in the stored output"
 
 
 def makefile_nbval_flags() -> list[str]:
@@ -38,37 +40,69 @@ def nbval_checks(cell) -> bool:
     return not options["skip"] and options["check"] is not False
 
 
-def break_first_checked_output(nb) -> int:
-    """Change the text of the first output nbval compares; return its code-cell number (nbval's 'Cell N')."""
+def break_first_checked_output(nb) -> int | None:
+    """Change the text of the first output nbval compares and drop the cells after it.
+
+    Returns the cell's number among code cells, which is nbval's "Cell N"; None when the
+    notebook stores no text output that nbval compares.
+    """
     code = [c for c in nb.cells if c.cell_type == "code"]
     for number, cell in enumerate(code):
         if not nbval_checks(cell):
             continue
         for out in cell.outputs:
             if out.output_type == "stream":
-                out.text += BROKEN
+                out.text += f"\n{BROKEN}\n"
             elif "text/plain" in out.get("data", {}):
-                out.data["text/plain"] += BROKEN
+                out.data["text/plain"] += f"\n{BROKEN}"
             else:
                 continue
             nb.cells = nb.cells[:nb.cells.index(cell) + 1]
             return number
-    raise AssertionError("no stored text output that nbval compares")
+    return None
+
+
+@pytest.fixture(scope="module")
+def nbval_on_broken_copies(tmp_path_factory):
+    """Run nbval once over a broken copy of every notebook.
+
+    Returns {copy: (broken cell, {cell name: "passed" | failure message})} and the run's output.
+    """
+    root = tmp_path_factory.mktemp("broken")
+    broken = {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        copy = f"{path.parent.name}/{path.name}"
+        broken[copy] = break_first_checked_output(nb)
+        if broken[copy] is not None:
+            (root / path.parent.name).mkdir(exist_ok=True)
+            nbformat.write(nb, root / copy)
+    report = root / "report.xml"
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(root),
+                             f"--junitxml={report}", *makefile_nbval_flags(),
+                             *(copy for copy, cell in broken.items() if cell is not None)],
+                            cwd=root, capture_output=True, text=True, timeout=1200)
+    outcomes: dict[str, dict[str, str]] = defaultdict(dict)
+    for case in ET.parse(report).iter("testcase"):
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        outcomes[case.get("classname")][case.get("name")] = \
+            "passed" if problem is None else problem.get("message", "") + (problem.text or "")
+    # junit names a test's file with dots for slashes: notebooks.00_welcome.ipynb
+    return {copy: (cell, outcomes[copy.replace("/", ".")]) for copy, cell in broken.items()}, result
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_a_changed_stored_output_fails_nbval(path, tmp_path):
-    nb = nbformat.read(path, as_version=4)
-    cell = break_first_checked_output(nb)
-    copy = tmp_path / path.name
-    nbformat.write(nb, copy)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *makefile_nbval_flags(),
-                             str(copy)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    report = result.stdout + result.stderr
-    assert result.returncode == 1, f"nbval did not fail on a changed output in {path.name}:\n{report[-3000:]}"
-    failed = re.findall(r"^FAILED .*::Cell (\d+)", report, re.MULTILINE)
-    assert failed == [str(cell)], f"expected exactly Cell {cell} to fail, got {failed}:\n{report[-3000:]}"
-    assert "Cell outputs differ" in report and "this line was not in the stored output" in report, report[-3000:]
-    passed = re.search(r"\b(\d+) passed\b", report)
-    assert (int(passed.group(1)) if passed else 0) == cell, \
-        f"the {cell} cells before the broken one must pass:\n{report[-3000:]}"
+def test_a_changed_stored_output_fails_nbval(path, nbval_on_broken_copies):
+    by_copy, result = nbval_on_broken_copies
+    cell, outcomes = by_copy[f"{path.parent.name}/{path.name}"]
+    assert cell is not None, (f"{path.name} stores no output that nbval compares, so make test checks "
+                              "none of it: execute it and save it with its outputs")
+    assert result.returncode == 1, f"nbval did not fail on the broken copies:\n{result.stdout[-3000:]}"
+    expected = {f"Cell {i}" for i in range(cell + 1)}
+    assert set(outcomes) == expected, f"nbval ran cells {sorted(outcomes)}, expected {sorted(expected)}"
+    failure = outcomes[f"Cell {cell}"]
+    assert failure != "passed", f"{path.name}: nbval passed Cell {cell} although its stored output was changed"
+    assert "Cell outputs differ" in failure and BROKEN in failure, f"{path.name}, Cell {cell}: {failure[-2000:]}"
+    before = {name: outcome[-500:] for name, outcome in outcomes.items()
+              if name != f"Cell {cell}" and outcome != "passed"}
+    assert not before, f"{path.name}: cells before the broken one failed too: {before}"
