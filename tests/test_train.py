@@ -156,8 +156,9 @@ def test_precision_support_errors_and_warnings(monkeypatch):
         precision_support("tf32", "cpu")
     with pytest.raises(ValueError, match="unknown precision 'fp64'"):
         precision_support("fp64", "cpu")
-    volta = hardware.HardwareReport("2.13", "cuda", "Tesla V100", (7, 0), 2, "AVX2",
-                                    hardware._cuda_precisions((7, 0)))
+    volta = hardware.HardwareReport(torch_version="2.13", device_type="cuda", device_name="Tesla V100",
+                                    compute_capability=(7, 0), threads=2, cpu_capability="AVX2",
+                                    precisions=hardware._cuda_precisions((7, 0)))
     monkeypatch.setattr(hardware, "report", lambda: volta)
     with pytest.raises(ValueError, match="'bf16' cannot run on this cuda device: needs Ampere"):
         precision_support("bf16", "cuda")
@@ -198,3 +199,28 @@ def test_table_marks_unaccelerated_runs_and_speeds_up_against_fp32():
     assert "* not accelerated" in text
     html = html_table([fast, slow])
     assert html.startswith("<table") and html.count("<tr>") == 3 and "<td>0.25x</td>" in html
+
+
+TINY_FLAGS = ["--d-model", "16", "--layers", "1", "--heads", "2", "--batch", "2", "--seq-len", "8",
+              "--device", "cpu"]
+
+
+def test_command_line_train_prints_a_summary_and_resumes(tmp_path, capsys):
+    from mpcourse.cli import main
+    checkpoint = str(tmp_path / "run.pt")
+    assert main(["train", "--precision", "fp16", "--steps", "3", "--checkpoint", checkpoint, *TINY_FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "fp16 dynamic-scaling" in out and "3/3" in out and "eval loss" in out
+    assert main(["train", "--precision", "fp16", "--steps", "5", "--checkpoint", checkpoint, "--resume",
+                 *TINY_FLAGS]) == 0
+    assert "5/5" in capsys.readouterr().out
+    assert torch.load(checkpoint, weights_only=False)["step"] == 5
+
+
+def test_command_line_compare_prints_the_table_and_saves_the_curves(tmp_path, capsys):
+    from mpcourse.cli import main
+    png = tmp_path / "curves.png"
+    assert main(["compare", "--precisions", "fp32,bf16", "--steps", "3", "--out", str(png), *TINY_FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up vs fp32" in out and "1.00x" in out and "bf16" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
