@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mpcourse import hardware
-from mpcourse.data import MarkovText
+from mpcourse.data import Batches, MarkovText
 from mpcourse.models import GPT, next_token_loss
 from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, PRECISIONS, RunConfig,
                             RunResult, UnacceleratedPrecisionWarning, compare, fit_to_hardware,
@@ -41,7 +41,6 @@ def test_every_combination_runs_with_finite_losses(precision, autocast):
 def bare_torch_losses(config: RunConfig) -> list[float]:
     """The same run written by hand with torch only: the loop the library must equal."""
     torch.manual_seed(config.seed)
-    from mpcourse.data import Batches
     batches = Batches(MarkovText(config.vocab_size, seed=config.seed), config.batch_size,
                       config.seq_len, seed=config.seed)
     model = GPT(config.model_config())
