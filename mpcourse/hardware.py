@@ -64,16 +64,17 @@ def report() -> HardwareReport:
         capability = tuple(torch.cuda.get_device_capability(0))
         return HardwareReport(device_type="cuda", device_name=torch.cuda.get_device_name(0),
                               compute_capability=capability,
-                              precisions=_cuda_precisions(capability), **common)
+                              precisions=cuda_precisions(capability), **common)
     if torch.backends.mps.is_available():
         return HardwareReport(device_type="mps", device_name="Apple GPU (MPS)",
                               compute_capability=None, precisions=_mps_precisions(), **common)
     flags = cpu_flags()
     return HardwareReport(device_type="cpu", device_name=_cpu_name(), compute_capability=None,
-                          precisions=_cpu_precisions(flags), **common)
+                          precisions=cpu_precisions(flags), **common)
 
 
-def _cuda_precisions(cc: tuple[int, int]) -> dict[str, PrecisionSupport]:
+def cuda_precisions(cc: tuple[int, int]) -> dict[str, PrecisionSupport]:
+    """What an NVIDIA GPU of compute capability `cc` supports and accelerates."""
     ampere, volta, fp8 = cc >= (8, 0), cc >= (7, 0), cc >= (8, 9)
     return {
         "fp32": PrecisionSupport(True, True, "CUDA cores (the baseline)"),
@@ -98,7 +99,8 @@ def _mps_precisions() -> dict[str, PrecisionSupport]:
     }
 
 
-def _cpu_precisions(flags: frozenset[str]) -> dict[str, PrecisionSupport]:
+def cpu_precisions(flags: frozenset[str]) -> dict[str, PrecisionSupport]:
+    """What a CPU with instruction-set `flags` (see `cpu_flags`) supports and accelerates."""
     bf16_isa = sorted(flags & {"avx512_bf16", "amx_bf16", "bf16"})
     fp16_isa = sorted(flags & {"avx512_fp16", "amx_fp16", "fphp", "asimdhp"})
     return {

@@ -230,7 +230,7 @@ def _device_precisions(device_type: str) -> dict[str, hardware.PrecisionSupport]
     if report.device_type == device_type:
         return report.precisions
     if device_type == "cpu":  # asked for the CPU on a machine that also has a GPU
-        return hardware._cpu_precisions(hardware.cpu_flags())
+        return hardware.cpu_precisions(hardware.cpu_flags())
     raise ValueError(f"device {device_type!r} is not available here (found {report.device_type})")
 
 

@@ -29,7 +29,7 @@ def test_cpu_report_describes_this_machine():
     (frozenset({"fphp", "asimdhp"}), False, True),
 ])
 def test_cpu_acceleration_follows_the_instruction_set(flags, bf16, fp16):
-    p = hardware._cpu_precisions(flags)
+    p = hardware.cpu_precisions(flags)
     assert (p["bf16"].accelerated, p["fp16"].accelerated) == (bf16, fp16)
     assert p["bf16"].supported and p["fp16"].supported and not p["fp8"].accelerated
     if not bf16:

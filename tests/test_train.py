@@ -157,7 +157,7 @@ def test_precision_support_errors_and_warnings(monkeypatch):
         precision_support("fp64", "cpu")
     volta = hardware.HardwareReport(torch_version="2.13", device_type="cuda", device_name="Tesla V100",
                                     compute_capability=(7, 0), threads=2, cpu_capability="AVX2",
-                                    precisions=hardware._cuda_precisions((7, 0)))
+                                    precisions=hardware.cuda_precisions((7, 0)))
     monkeypatch.setattr(hardware, "report", lambda: volta)
     with pytest.raises(ValueError, match="'bf16' cannot run on this cuda device: needs Ampere"):
         precision_support("bf16", "cuda")
