@@ -56,6 +56,8 @@ def _progress(total: int, label: str, initial: int = 0):
 def _train(args: argparse.Namespace) -> int:
     from mpcourse.train import format_table, train
     config = _run_config(args, args.precision)
+    if args.nproc is not None:
+        return _train_distributed(args, config)
     done = 0
     if args.resume:
         import torch
@@ -76,6 +78,23 @@ def _train(args: argparse.Namespace) -> int:
     print(f"eval loss {result.eval_loss:.4f} nats/token after {result.steps_done} steps; "
           f"skipped steps: {len(result.skipped_steps)}; peak memory measured by "
           f"{result.memory_measured_by}; checkpoint: {args.checkpoint}")
+    return 0
+
+
+def _train_distributed(args: argparse.Namespace, config) -> int:
+    """`mpcourse train --nproc N`: the run on N local processes through torchrun (lesson 08)."""
+    from mpcourse.distributed import check_nproc, format_results, launch, run_for_precision
+    try:
+        if args.resume:
+            raise ValueError("--resume works for single-process runs only; drop --nproc or --resume")
+        run = run_for_precision(config.precision)
+        check_nproc(args.nproc, config.resolved_device().type)
+        print(f"{run.label} on {args.nproc} processes, {config.steps} steps (started by torchrun) ...")
+        results = launch([run], config, nproc=args.nproc, timeout_s=None)
+    except ValueError as error:
+        print(f"mpcourse train: error: {error}", file=sys.stderr)
+        return 2
+    print(format_results(results))
     return 0
 
 
@@ -147,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint", default="mpcourse-checkpoint.pt",
                        help="saved at the end and on Ctrl-C (default: %(default)s)")
     train.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    train.add_argument("--nproc", type=int, default=None, metavar="N",
+                       help="train on N local processes through torchrun: DDP for fp32/tf32, FSDP2 "
+                            "with that param_dtype and FP32 reduction for bf16/fp16 (lesson 08)")
     train.set_defaults(handler=_train)
 
     compare = commands.add_parser("compare", help="train in several precisions and tabulate speed, memory, loss")

@@ -260,11 +260,12 @@ def torchrun_command(nproc: int, worker_args: list[str]) -> list[str]:
 
 
 def launch(runs: list[DistributedRun], config: RunConfig, nproc: int = 2,
-           timeout_s: float = 300.0) -> list[DistributedResult]:
+           timeout_s: float | None = 300.0) -> list[DistributedResult]:
     """Train `config`'s model once per run on `nproc` local processes; return what each measured.
 
     All runs share one `torchrun` launch (starting processes costs more than these runs). The
-    whole launch is killed if it takes longer than `timeout_s` seconds.
+    whole launch is stopped if it takes longer than `timeout_s` seconds (None: no limit) or
+    is interrupted with Ctrl-C.
     """
     device_type = config.resolved_device().type
     check_nproc(nproc, device_type)
@@ -284,6 +285,9 @@ def launch(runs: list[DistributedRun], config: RunConfig, nproc: int = 2,
         except subprocess.TimeoutExpired:
             _stop(process)
             raise TimeoutError(f"the {nproc}-process run did not finish within {timeout_s} s")
+        except KeyboardInterrupt:
+            _stop(process)
+            raise
         if process.returncode != 0 or not out.exists():
             raise RuntimeError(f"torchrun failed (exit code {process.returncode}):\n{log[-3000:]}")
         saved = json.loads(out.read_text())

@@ -168,3 +168,11 @@ def test_precision_maps_to_a_distributed_run_and_results_print(results):
         run_for_precision("fp8")
     table = format_results(list(results.values()))
     assert "DDP fp16 compress hook" in table and f"{results['ddp'].gradient_bytes_per_step:,}" in table
+
+
+def test_cli_refuses_bad_nproc_with_a_clear_error(capsys):
+    from mpcourse.cli import main
+    assert main(["train", "--nproc", "10000", "--device", "cpu"]) == 2
+    assert "nproc=10000 is more processes than this machine has CPUs" in capsys.readouterr().err
+    assert main(["train", "--nproc", "2", "--device", "cpu", "--resume"]) == 2
+    assert "--resume works for single-process runs only" in capsys.readouterr().err
