@@ -179,7 +179,7 @@ class Fp8Linear(nn.Linear):
     Each of the three tensors has its own scaling (`DelayedScaling` by default, or
     `CurrentScaling` with `recipe="current"`). The parameters stay FP32 (they are the master
     weights); only the copies fed to the matmuls are 8-bit. The bias is added in FP32 and its
-    gradient is the FP32 sum of the output gradients, as in FP8 GEMM kernels.
+    gradient is the FP32 sum of the output gradients, as Transformer Engine computes it.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,

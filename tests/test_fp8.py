@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from mpcourse.data import MarkovText
 from mpcourse.formats import BF16, FP8_E4M3, FP8_E5M2
 from mpcourse.fp8 import (CurrentScaling, DelayedScaling, Fp8EmulationWarning, Fp8Linear, Fp8RunConfig,
-                          amax, choose_backend, compute_scale, convert_to_fp8, dequantize, fake_quantize,
+                          amax, choose_backend, compute_scale, convert_to_fp8, fake_quantize,
                           quantize, train_fp8)
 from mpcourse.models import GPT, GPTConfig
 from mpcourse.train import RunConfig, train
