@@ -230,9 +230,6 @@ class Fp8Tensor(NamedTuple):
     def t(self) -> "Fp8Tensor":
         return Fp8Tensor(self.data.t(), self.scale, self.fmt)
 
-    def dequantize(self) -> torch.Tensor:
-        return dequantize(self.data, self.scale)
-
 
 class _Fp8Matmul(torch.autograd.Function):
     """x @ w.T with FP8 operands: E4M3 forward, E5M2 output gradient, FP32 accumulation."""
