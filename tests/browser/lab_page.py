@@ -48,12 +48,15 @@ class LessonPage:
     def __init__(self, context, lab, path: Path):
         self.lab, self.notebook = lab, path.name
         code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        self.n_code = len(code)
         self.code_cells = [i for i, c in enumerate(code) if c.source.strip()]  # JupyterLab skips empty ones
         self.page = context.new_page()
 
     def open(self, timeout_s: float = 120) -> None:
         self.page.goto(self.lab.lab_url(self.notebook))
-        self.page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=timeout_s * 1000)
+        self.page.wait_for_function(  # JupyterLab attaches a long notebook's cells in batches
+            "n => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell').length >= n",
+            arg=self.n_code, timeout=timeout_s * 1000)
         self.wait_for_kernel_idle(timeout_s)
         # Fold the file browser away: the notebook gets the whole width in the screenshots.
         self.page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current").click()
@@ -69,8 +72,8 @@ class LessonPage:
     def code(self) -> list[CellState]:
         """The state of the code cells that have source, as the page shows them now."""
         cells = self.page.evaluate(_STATE_JS)
-        assert len(cells) > max(self.code_cells, default=-1), \
-            f"{self.notebook}: the page shows {len(cells)} code cells, the file has more"
+        assert len(cells) == self.n_code, \
+            f"{self.notebook}: the page shows {len(cells)} code cells, the file has {self.n_code}"
         return [CellState(**cells[i]) for i in self.code_cells]
 
     def run_all(self, timeout_s: float) -> list[CellState]:
@@ -86,7 +89,7 @@ class LessonPage:
         self.menu("Run", "runmenu:run-all")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.25)
             cells = self.code()
             running = any("*" in c.prompt for c in cells)
             if all(c.count is not None for c in cells) and not running:

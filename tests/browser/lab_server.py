@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -47,9 +48,17 @@ class Lab:
         return json.loads(body) if body else None
 
     def shut_down_kernels(self) -> None:
-        """Stop every kernel, so the next lesson does not compete with the last one for memory."""
-        for session in self.api("sessions"):
-            self.api(f"sessions/{session['id']}", method="DELETE")
+        """Stop the kernels running now, so the next lesson does not share the CPU or memory with
+        them. The shutdowns (a few seconds each) finish in the background."""
+        sessions = [session["id"] for session in self.api("sessions")]
+
+        def shut_down() -> None:
+            for session in sessions:
+                try:
+                    self.api(f"sessions/{session}", method="DELETE")
+                except (urllib.error.URLError, ConnectionError):
+                    return  # the server is stopping, and its kernels with it
+        threading.Thread(target=shut_down, daemon=True).start()
 
     def stop(self) -> None:
         if self.process.poll() is None:
