@@ -205,13 +205,22 @@ def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str
     exponent_field = (magnitude >> _F32_MANTISSA_BITS).clamp_(min=1)
     rest = (exponent_field - 1) << _F32_MANTISSA_BITS
     significand = magnitude - rest
-    # One more bit goes per binade below fmt's smallest normal; at 25 nothing is left.
+    # One more bit goes per binade below fmt's smallest normal.
     binades_below = (fmt.min_exponent + _F32_BIAS) - exponent_field
-    dropped = (binades_below + _F32_MANTISSA_BITS - fmt.mantissa_bits).clamp_(min=0, max=25)
-    significand = _drop_low_bits(significand, dropped, rounding, generator)
+    dropped = (binades_below + _F32_MANTISSA_BITS - fmt.mantissa_bits).clamp_(min=0)
+    rounded = _drop_low_bits(significand, dropped.clamp(max=24), rounding, generator)
     # A carry out of the significand bumps the exponent in `rest`, as above; a significand
     # rounded away entirely leaves zero, whatever its exponent was.
-    return rest.mul_(significand.clamp(max=1)).add_(significand)
+    rounded = rest.mul_(rounded.clamp(max=1)).add_(rounded)
+    # Dropping 25 or more bits leaves below half the smallest subnormal: nearest and toward-zero
+    # give 0, and stochastic rounding gives the smallest subnormal with probability
+    # magnitude / smallest subnormal (from 25 random bits).
+    up = 0
+    if rounding == "stochastic":
+        draw = torch.randint(0, 1 << 25, magnitude.shape, generator=generator, dtype=torch.int32,
+                             device=magnitude.device)
+        up = _flag_above(significand >> (dropped - 25).clamp_(min=0, max=31), draw)
+    return _select(_flag_above(dropped, 24), up * _pattern(fmt.smallest_subnormal), rounded)
 
 
 def _flag_above(x: torch.Tensor | int, limit: torch.Tensor | int) -> torch.Tensor:

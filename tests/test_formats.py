@@ -467,3 +467,16 @@ def test_non_saturating_e4m3_turns_overflow_into_nan():
     # Below the overflow threshold it rounds exactly like torch's saturating E4M3.
     x = torch.linspace(-460, 460, 10_001)
     assert_same_bits(round_to(x, e4m3_nan), torch_cast(x, FP8_E4M3), x)
+
+
+@pytest.mark.parametrize("fmt", [FP16, FP8_E4M3, FP8_E5M2], ids=lambda f: f.name)
+@pytest.mark.parametrize("fraction", [0.3, 0.05])
+def test_stochastic_rounding_is_unbiased_far_below_the_smallest_subnormal(fmt, fraction):
+    # Below half the smallest subnormal the only choices are 0 and the smallest subnormal.
+    value = fraction * fmt.smallest_subnormal
+    x = torch.full((200_000,), value, dtype=torch.float32)
+    got = round_to(x, fmt, "stochastic", torch.Generator().manual_seed(1))
+    assert set(got.unique().tolist()) <= {0.0, fmt.smallest_subnormal}
+    share_up = (got > 0).double().mean().item()
+    sigma = (fraction * (1 - fraction) / x.numel()) ** 0.5
+    assert abs(share_up - fraction) < 5 * sigma, (share_up, fraction)
