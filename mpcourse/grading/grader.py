@@ -69,7 +69,7 @@ del __mpcourse_name, __mpcourse_cell
 RUN_TEST = """
 __mpcourse_verdict = {{}}
 exec(compile({verdict_source!r}, "<mpcourse verdict>", "exec"), __mpcourse_verdict)
-__mpcourse_verdict["report"]({nonce!r}, *__mpcourse_verdict["run_test"]({source!r}, dict(__mpcourse_base), {test_id!r}))
+__mpcourse_verdict["report"]({nonce!r}, *__mpcourse_verdict["run_test"]({source!r}, __mpcourse_base, {test_id!r}))
 del __mpcourse_verdict
 """
 

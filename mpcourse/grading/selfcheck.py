@@ -72,6 +72,8 @@ def check(notebook: str | os.PathLike | None = None) -> Score:
     shell = _shell()
     path = Path(notebook) if notebook else _this_notebook(shell)
     nb = nbformat.read(path, as_version=4)
+    # One namespace for all tests, in notebook order, as when the cells run: a test may use a
+    # helper an earlier test cell defined. It is a copy, so the learner's own names stay put.
     namespace = dict(shell.user_ns) if shell is not None else {}
     results, hidden_points = [], 0.0
     for cell in nb.cells:
@@ -82,7 +84,7 @@ def check(notebook: str | os.PathLike | None = None) -> Score:
         if not has_code(source):
             hidden_points += points
             continue
-        passed, reason = run_test(source, dict(namespace), meta["grade_id"])
+        passed, reason = run_test(source, namespace, meta["grade_id"])
         results.append(TestResult(meta["grade_id"], points if passed else 0.0, points, passed, reason))
     if not results and not hidden_points:
         raise ValueError(f"{path} has no graded test cells, so there is nothing to check")
