@@ -107,6 +107,15 @@ class LessonPage:
         return outputs.first
 
     def screenshot(self, path: Path, element=None) -> Path:
+        """The page, or one element. Cells above an element are painted as they scroll into view
+        (content-visibility), which moves it: scroll until its position stops changing."""
+        if element is not None:
+            box = None
+            for _ in range(20):
+                element.evaluate("e => e.scrollIntoView({block: 'center'})")
+                self.page.wait_for_timeout(100)
+                if box == (box := element.bounding_box()):
+                    break
         (element or self.page).screenshot(path=str(path))
         return path
 
