@@ -63,7 +63,6 @@ def torch_bits(value: float, name: str) -> tuple[str, str, str]:
 def check_bits_explorer(lesson: LessonPage, artifacts: Path, value: str = "-0.3") -> None:
     """Lesson 01: type a number into the bits explorer; each format's row shows torch's bits."""
     explorer = lesson.output_of(".mpcourse-bits-explorer")
-    explorer.scroll_into_view_if_needed()
     lesson.screenshot(artifacts / "01-bits-explorer-before.png", explorer)
     explorer.locator(".mpcourse-bits-number input").fill(value)
     table = explorer.locator(".mpcourse-bits-table pre")
@@ -82,22 +81,22 @@ def set_slider_to_minimum(panel, description: str) -> None:
     slider.locator(".noUi-handle").focus()
     slider.locator(".noUi-handle").press("Home")
     minimum = slider.locator(".noUi-handle").get_attribute("aria-valuemin")
-    expect_text(slider.locator(".widget-readout"), f"{float(minimum):g}")
+    expect(slider.locator(".widget-readout")).to_have_text(f"{float(minimum):g}", timeout=30_000)
 
 
-def expect_text(locator, text: str, timeout_s: float = 30) -> None:
-    from playwright.sync_api import expect
-    expect(locator).to_have_text(text, timeout=timeout_s * 1000)
+def expect(locator):
+    """Playwright's retrying assertions (imported here: without Playwright the fixtures skip or fail)."""
+    from playwright.sync_api import expect as playwright_expect
+    return playwright_expect(locator)
 
 
 def check_control_panel(lesson: LessonPage, artifacts: Path) -> None:
     """Lesson 06: choose bf16, shrink the run to seconds, click Run; the results table gains a bf16 row.
 
-    bf16 is emulated (tens of times slower than fp32) on a CPU without AVX512-BF16, so the test
-    sets the sliders to their minimum before it runs.
+    On a CPU without AVX512-BF16 or AMX, bf16 is emulated and far slower than fp32, so the test
+    first sets the size sliders to their minimum: the run takes seconds.
     """
     panel = lesson.output_of("table.mpcourse-results")
-    panel.scroll_into_view_if_needed()
     rows = panel.locator("table.mpcourse-results tbody tr")
     before = rows.count()
     panel.locator('.widget-toggle-button:text-is("bf16")').click()
@@ -106,7 +105,6 @@ def check_control_panel(lesson: LessonPage, artifacts: Path) -> None:
     lesson.screenshot(artifacts / "06-control-panel-before-run.png", panel)
     run = panel.locator('.widget-button:text-is("Run")')
     run.click()
-    from playwright.sync_api import expect
     expect(rows).to_have_count(before + 1, timeout=180_000)
     expect(run).to_be_enabled(timeout=60_000)
     lesson.screenshot(artifacts / "06-control-panel-after-run.png", panel)
