@@ -556,7 +556,7 @@ def plot_losses(results: list[RunResult], ax=None, smooth: int = 10):
         _, ax = plt.subplots(figsize=(7, 4))
     for r in results:
         losses = torch.tensor(r.losses, dtype=torch.float64)
-        window = max(1, min(smooth, len(losses)))
+        window = max(1, min(smooth, len(losses) // 2))  # a short run still draws a line
         averaged = losses.unfold(0, window, 1).mean(dim=1) if len(losses) else losses
         ax.plot(range(window, window + len(averaged)), averaged, label=r.config.label)
     if results:
