@@ -17,13 +17,7 @@ from mpcourse.train import RunConfig, train
 FORMATS = [FP8_E4M3, FP8_E5M2]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: one thread avoids thread hand-off costs on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def assert_same_bits(got: torch.Tensor, expected: torch.Tensor):

@@ -14,18 +14,11 @@ from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, PRECISI
                             RunResult, UnacceleratedPrecisionWarning, compare, fit_to_hardware,
                             format_table, html_table, precision_support, train)
 
-pytestmark = pytest.mark.filterwarnings("ignore::mpcourse.train.UnacceleratedPrecisionWarning")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::mpcourse.train.UnacceleratedPrecisionWarning")]
 TINY = RunConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=32, batch_size=2, seq_len=8,
                  steps=3, warmup_steps=1, eval_batches=1, device="cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops run faster on one thread, above all on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("precision,autocast", list(itertools.product(PRECISIONS, AUTOCASTS)))

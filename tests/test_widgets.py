@@ -15,12 +15,7 @@ BASE = RunConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=32, batch_size=2,
                  steps=4, warmup_steps=1, eval_batches=1, device="cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_controls_map_onto_a_run_config():
