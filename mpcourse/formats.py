@@ -163,7 +163,7 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
     return rounded.view(torch.float32).reshape(x.shape)
 
 
-_CPU_CHUNK = 1 << 15
+_CPU_CHUNK = 1 << 17  # 512 KiB of int32: fits in L2; measured fastest on an idle 2-core machine
 
 
 def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
