@@ -11,3 +11,13 @@ from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory
 from mpcourse.scaling import GradScaler, StaticLossScaler
 from mpcourse.train import RunConfig, RunResult
+
+__all__ = [
+    "benchmark", "course", "hardware",
+    "AutocastPolicy", "autocast", "explain", "policy_for",
+    "BF16", "FP8_E4M3", "FP8_E5M2", "FP16", "FP32", "FloatFormat", "round_to",
+    "MasterWeightOptimizer",
+    "MemoryBreakdown", "training_memory", "transformer_memory",
+    "GradScaler", "StaticLossScaler",
+    "RunConfig", "RunResult",
+]

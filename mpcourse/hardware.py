@@ -6,7 +6,6 @@ faster than FP32 on a GPU with tensor cores or a CPU with AVX512-BF16/AMX, and m
 """
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from dataclasses import dataclass, field

@@ -3,7 +3,6 @@ import re
 
 import matplotlib
 import pytest
-import torch
 
 matplotlib.use("Agg")
 

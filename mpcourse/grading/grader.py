@@ -149,7 +149,7 @@ def _run(nb, exercise: Exercise, timeout: float) -> tuple[list[TestResult], str 
         try:
             before = _fingerprint(kernel, nonce, deadline)
             first_error = None
-            for index, source in enumerate(learner_cells):
+            for source in learner_cells:
                 outputs = kernel.run(source, deadline)
                 if first_error is None and (err := _error_of(outputs)):
                     first_error = f"a code cell raised {err}"
