@@ -22,19 +22,15 @@ a GPU with FP8 tensor cores (compute capability 8.9 or newer) the layer calls
 """
 from __future__ import annotations
 
-import math
-import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from mpcourse.data import Batches, MarkovText
 from mpcourse.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
-from mpcourse.models import GPT, next_token_loss
-from mpcourse.train import RunConfig, RunResult
+from mpcourse.train import RunConfig
 
 FP8_FORMATS = (FP8_E4M3, FP8_E5M2)
 BACKENDS = ("auto", "emulated", "scaled_mm")
@@ -299,17 +295,23 @@ class Fp8RunConfig(RunConfig):
     Parameters, LayerNorm, attention scores, the tied embedding/output layer and the loss
     stay FP32 (`precision="fp32"`), as in Transformer Engine, where FP8 covers the linear
     layers of the blocks. FP8 needs no loss scaling: each tensor's own scale sets its range.
+    It trains through `train.train`, like every run: `train(Fp8RunConfig(...))`.
     """
     recipe: str = "delayed"
     history_len: int = 16
     margin: int = 0
     backend: str = "auto"
 
+    loss_scaling: str = "off"
+
     def __post_init__(self):
         super().__post_init__()
         if self.precision != "fp32":
             raise ValueError(f"an FP8 run keeps its non-matmul math and parameters in fp32; "
                              f"got precision={self.precision!r}")
+        if self.loss_scaling != "off":
+            raise ValueError(f"an FP8 run scales each tensor itself and takes no loss scaling; "
+                             f"got loss_scaling={self.loss_scaling!r}, use 'off'")
         Fp8Linear(1, 1, recipe=self.recipe, history_len=self.history_len, margin=self.margin,
                   backend=self.backend, device="meta")  # validates the FP8 switches
 
@@ -317,41 +319,14 @@ class Fp8RunConfig(RunConfig):
     def label(self) -> str:
         return f"fp8 {self.recipe}-scaling"
 
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """The blocks' linear layers become `Fp8Linear`; the tied output layer stays FP32."""
+        convert_to_fp8(model, skip=("head",), recipe=self.recipe, history_len=self.history_len,
+                       margin=self.margin, backend=self.backend)
+        return model
 
-def train_fp8(config: Fp8RunConfig, callbacks: Iterable[Callable[[float], None]] = ()) -> RunResult:
-    """Train the lesson-06 GPT with FP8 linear layers; the data and initial weights are those
-    `train.train` uses for the same sizes and seed, so the runs compare like for like.
-
-    Each callback receives the loss after every step.
-    """
-    device = config.resolved_device()
-    torch.manual_seed(config.seed)
-    text = MarkovText(config.vocab_size, seed=config.seed)
-    batches = Batches(text, config.batch_size, config.seq_len, seed=config.seed, device=device)
-    eval_batches = Batches(text, config.batch_size, config.seq_len, seed=config.seed + 1, device=device)
-    model = GPT(config.model_config()).to(device)
-    convert_to_fp8(model, skip=("head",), recipe=config.recipe, history_len=config.history_len,
-                   margin=config.margin, backend=config.backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    result = RunResult(config, device.type, accelerated=_fp8_accelerated(device))
-    for step in range(config.steps):
-        x, y = batches.get(step)
-        begin = time.perf_counter()
-        loss = next_token_loss(model(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or math.inf)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        result.losses.append(loss.item())
-        result.step_seconds.append(time.perf_counter() - begin)
-        result.timed.append(step >= config.warmup_steps)
-        result.scales.append(1.0)
-        for callback in callbacks:
-            callback(result.losses[-1])
-    with torch.no_grad():
-        result.eval_loss = sum(next_token_loss(model(x), y).item() for x, y in
-                               map(eval_batches.get, range(config.eval_batches))) / config.eval_batches
-    return result
+    def accelerated(self, device: torch.device, support) -> bool:
+        return _fp8_accelerated(device)
 
 
 def _fp8_accelerated(device: torch.device) -> bool:

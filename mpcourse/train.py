@@ -123,6 +123,20 @@ class RunConfig:
             parts.append("(mpcourse)")
         return " ".join(parts)
 
+    def prepare_model(self, model: GPT) -> torch.nn.Module:
+        """The one extension point for training variants, called once before the first step.
+
+        A variant (FP8 linears, block-scaled linears, a model wrapped for several processes)
+        subclasses `RunConfig` and returns the model it trains; the loop, its timing,
+        callbacks, memory, checkpoints and time limit stay the same. The default trains the
+        lesson's GPT as it is.
+        """
+        return model
+
+    def accelerated(self, device: torch.device, support: hardware.PrecisionSupport) -> bool:
+        """Whether the hardware speeds this run's arithmetic up (`support` is its precision's)."""
+        return support.accelerated
+
     def resolved_device(self) -> torch.device:
         if self.device != "auto":
             return torch.device(self.device)
@@ -266,10 +280,10 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
     batches = Batches(text, config.batch_size, config.seq_len, seed=config.seed, device=device)
     eval_batches = Batches(text, config.batch_size, config.seq_len, seed=config.seed + 1,
                            device=device)
-    model = GPT(config.model_config()).to(device)
+    model = config.prepare_model(GPT(config.model_config()).to(device))
     optimizer, parameters = _optimizer(model, config)
     scaler = _scaler(config, device.type)
-    result = RunResult(config, device.type, support.accelerated)
+    result = RunResult(config, device.type, config.accelerated(device, support))
     start_step = 0
     if resume:
         start_step = _load_checkpoint(checkpoint_path, config, model, optimizer, scaler, result)

@@ -10,7 +10,7 @@ from mpcourse.data import MarkovText
 from mpcourse.formats import BF16, FP8_E4M3, FP8_E5M2
 from mpcourse.fp8 import (CurrentScaling, DelayedScaling, Fp8EmulationWarning, Fp8Linear, Fp8RunConfig,
                           amax, choose_backend, compute_scale, convert_to_fp8, fake_quantize,
-                          quantize, train_fp8)
+                          quantize)
 from mpcourse.models import GPT, GPTConfig
 from mpcourse.train import RunConfig, train
 
@@ -232,7 +232,7 @@ def test_convert_to_fp8_keeps_parameters_and_tied_head():
 def test_fp8_training_ends_within_10_percent_of_bf16():
     sizes = dict(d_model=32, n_layers=1, n_heads=2, seq_len=16, batch_size=8, steps=40,
                  vocab_size=64, lr=1e-2, eval_batches=2)
-    fp8 = train_fp8(Fp8RunConfig(**sizes))
+    fp8 = train(Fp8RunConfig(**sizes))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # bf16 is not accelerated on every CPU; that is fine here
         bf16 = train(RunConfig(**sizes, precision="bf16", loss_scaling="off"))
