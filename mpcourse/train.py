@@ -123,15 +123,26 @@ class RunConfig:
             parts.append("(mpcourse)")
         return " ".join(parts)
 
-    def prepare_model(self, model: GPT) -> torch.nn.Module:
-        """The one extension point for training variants, called once before the first step.
+    # The extension point for training variants. A variant (FP8 or block-scaled linears, a
+    # model wrapped for several processes, an optimizer with low-precision state) subclasses
+    # RunConfig and overrides `prepare_model`, `make_optimizer` or `accelerated`; the one loop
+    # in `train`, with its timing, callbacks, memory, checkpoints and time limit, stays the same.
+    # A switch a variant cannot honour must raise in its `__post_init__`.
 
-        A variant (FP8 linears, block-scaled linears, a model wrapped for several processes)
-        subclasses `RunConfig` and returns the model it trains; the loop, its timing,
-        callbacks, memory, checkpoints and time limit stay the same. The default trains the
-        lesson's GPT as it is.
-        """
+    def prepare_model(self, model: GPT) -> torch.nn.Module:
+        """The model to train, made from the lesson's GPT once before the first step."""
         return model
+
+    def make_optimizer(self, model: torch.nn.Module):
+        """The optimizer, and the parameters whose gradients are clipped: AdamW on the model's
+        parameters, or on FP32 masters of 16-bit parameters (`master_weights`). An optimizer
+        variant (lower-precision states, stochastic rounding) overrides this."""
+        kwargs = dict(lr=self.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        if self.low_precision and self.master_weights:
+            model.to(LOW_PRECISION[self.precision])
+            optimizer = MasterWeightOptimizer(model.parameters(), torch.optim.AdamW, **kwargs)
+            return optimizer, optimizer.master_parameters()
+        return torch.optim.AdamW(model.parameters(), **kwargs), list(model.parameters())
 
     def accelerated(self, device: torch.device, support: hardware.PrecisionSupport) -> bool:
         """Whether the hardware speeds this run's arithmetic up (`support` is its precision's)."""
@@ -281,7 +292,7 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
     eval_batches = Batches(text, config.batch_size, config.seq_len, seed=config.seed + 1,
                            device=device)
     model = config.prepare_model(GPT(config.model_config()).to(device))
-    optimizer, parameters = _optimizer(model, config)
+    optimizer, parameters = config.make_optimizer(model)
     scaler = _scaler(config, device.type)
     result = RunResult(config, device.type, config.accelerated(device, support))
     start_step = 0
@@ -366,16 +377,6 @@ def _matmul_precision(precision: str, device_type: str):
         yield
     finally:
         torch.set_float32_matmul_precision(before)
-
-
-def _optimizer(model: GPT, config: RunConfig):
-    """AdamW on the parameters, or on FP32 masters of 16-bit parameters; and what to clip."""
-    kwargs = dict(lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    if config.low_precision and config.master_weights:
-        model.to(LOW_PRECISION[config.precision])
-        optimizer = MasterWeightOptimizer(model.parameters(), torch.optim.AdamW, **kwargs)
-        return optimizer, optimizer.master_parameters()
-    return torch.optim.AdamW(model.parameters(), **kwargs), list(model.parameters())
 
 
 def _scaler(config: RunConfig, device_type: str):
