@@ -1,4 +1,5 @@
 """The README's commands: `make lab` serves the course, and bad set-ups get a clear message."""
+import json
 import os
 import secrets
 import signal
@@ -18,7 +19,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_make_lab_serves_the_notebooks(tmp_path):
+def test_make_lab_serves_lessons_and_exercises(tmp_path):
     port, token = _free_port(), secrets.token_hex(8)
     log = (tmp_path / "lab.log").open("w")
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
@@ -37,11 +38,13 @@ def test_make_lab_serves_the_notebooks(tmp_path):
                 time.sleep(1)
         output = (tmp_path / "lab.log").read_text()
         assert status == 200, f"JupyterLab did not answer on port {port}:\n{output[-3000:]}"
-        with urllib.request.urlopen(urllib.request.Request(
-                f"http://127.0.0.1:{port}/api/contents", headers={"Authorization": f"token {token}"})) as r:
-            listing = r.read().decode()
-        assert "00_welcome.ipynb" in listing, "the server's root is not notebooks/"
-        url = f"http://127.0.0.1:{port}/lab?token={token}"
+        for folder, notebook in (("notebooks", "00_welcome.ipynb"), ("exercises", "ex00_bytes.ipynb")):
+            with urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{port}/api/contents/{folder}",
+                    headers={"Authorization": f"token {token}"})) as r:
+                listing = [item["name"] for item in json.loads(r.read())["content"]]
+            assert notebook in listing, f"the lab does not serve {folder}/{notebook}: {folder}/ lists {listing}"
+        url = f"http://127.0.0.1:{port}/lab/tree/notebooks/00_welcome.ipynb?token={token}"
         for _ in range(30):  # the server prints its URL just after it starts answering
             if url in (tmp_path / "lab.log").read_text():
                 break

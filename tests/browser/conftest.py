@@ -68,8 +68,9 @@ def browser_context(chromium_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def lab(chromium_path, tmp_path_factory):
-    """JupyterLab serving notebooks/ on 127.0.0.1 with a token; stopped after the session."""
-    server = start_lab(ROOT / "notebooks", tmp_path_factory.mktemp("jupyterlab"))
+    """JupyterLab serving the repository, as `make lab` does, on 127.0.0.1 with a token; stopped
+    after the session."""
+    server = start_lab(ROOT, tmp_path_factory.mktemp("jupyterlab"))
     yield server
     server.stop()
 

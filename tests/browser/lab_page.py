@@ -43,12 +43,14 @@ class CellState:
 
 
 class LessonPage:
-    """One lesson open in its own browser tab; `path` is the notebook in the server's root."""
+    """One notebook (a lesson or an exercise) open in its own browser tab; `path` is the notebook
+    under the server's root."""
 
     def __init__(self, context, lab, path: Path):
-        self.lab, self.notebook = lab, path.name
-        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-        self.n_code = len(code)
+        self.lab, self.notebook = lab, path.relative_to(lab.root).as_posix()
+        cells = nbformat.read(path, as_version=4).cells
+        code = [c for c in cells if c.cell_type == "code"]
+        self.n_cells, self.n_code = len(cells), len(code)
         self.code_cells = [i for i, c in enumerate(code) if c.source.strip()]  # JupyterLab skips empty ones
         self.page = context.new_page()
 
@@ -98,6 +100,27 @@ class LessonPage:
                 return cells
         raise AssertionError(f"{self.notebook}: Run All did not finish within {timeout_s} s; prompts "
                              f"{[c.prompt for c in self.code()]}")
+
+    def cell(self, index: int):
+        """Cell `index`, counted among all the notebook's cells (markdown too)."""
+        return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(index)
+
+    def replace_code(self, index: int, source: str) -> None:
+        """Select all of code cell `index` and put `source` in its place, as a learner pasting it
+        (inserted as text, so the editor adds no indentation or closing brackets of its own)."""
+        self.cell(index).locator(".cm-content").click()
+        self.page.keyboard.press("Control+A")
+        self.page.keyboard.insert_text(source)
+
+    def run_cell(self, index: int, timeout_s: float = 120) -> None:
+        """Shift+Enter in cell `index`; wait until its prompt shows a new execution count."""
+        prompt = self.cell(index).locator(".jp-InputArea-prompt")
+        before = prompt.text_content()
+        self.cell(index).locator(".cm-content").click()
+        self.page.keyboard.press("Shift+Enter")
+        self.page.wait_for_function(
+            r"""([element, before]) => /\[\d+\]/.test(element.textContent) && element.textContent !== before""",
+            arg=[prompt.element_handle(), before], timeout=timeout_s * 1000)
 
     def output_of(self, selector: str):
         """The output area (one cell's output) that contains `selector`."""

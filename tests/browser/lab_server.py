@@ -36,6 +36,7 @@ class Lab:
     token: str
     process: subprocess.Popen
     log: Path
+    root: Path       # the folder the server serves; notebooks are named relative to it
 
     def lab_url(self, notebook: str) -> str:
         return f"{self.url}/lab/tree/{notebook}?token={self.token}&reset"
@@ -98,7 +99,7 @@ def start_lab(root_dir: Path, state_dir: Path, timeout_s: float = 120) -> Lab:
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
-    lab = Lab(f"http://127.0.0.1:{port}", token, process, log)
+    lab = Lab(f"http://127.0.0.1:{port}", token, process, log, root_dir)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -31,7 +31,7 @@ def check_widgets_render(lesson: LessonPage, cells, artifacts: Path) -> None:
     """Every cell that stored a widget shows a rendered widget view (not a text fallback or an
     'Error displaying widget'); screenshot each, and the first figure, for a person to look at."""
     by_index = {c.index: c for c in cells}
-    for index in stored_widget_cells(ROOT / "notebooks" / lesson.notebook):
+    for index in stored_widget_cells(ROOT / lesson.notebook):
         assert by_index[index].widgets, \
             f"{lesson.notebook}, code cell {index}: no widget rendered; it shows {by_index[index].text!r}"
     stem = Path(lesson.notebook).stem
