@@ -132,7 +132,8 @@ FORMATS = (FP32, FP16, BF16, FP8_E4M3, FP8_E5M2)
 
 
 def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None,
+             random_bits: torch.Tensor | None = None) -> torch.Tensor:
     """Round each element of float32 `x` to a value that `fmt` can hold; return it as float32.
 
     Keeps the sign (so -0 stays -0), subnormals, infinities and NaN. Values too large for `fmt`
@@ -141,6 +142,17 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
     probability equal to the fraction of the gap already covered, so the result is right on
     average; `generator` seeds it).
     Float16 and bfloat16 inputs are accepted (float32 holds them exactly); float64 is not.
+
+    `random_bits` (stochastic only): an int32 tensor of x's shape that supplies the random bits
+    instead of drawing them from `generator`, so that a stochastic rounding can be replayed
+    bit for bit. Where `d` low bits of the float32 pattern are dropped (at most 24), the
+    increment added before clearing them is `random_bits & (2**d - 1)`: for BF16 on normal
+    values that is exactly `(bits + (r & 0xFFFF)) & ~0xFFFF`. Below half the smallest
+    subnormal, where the result is 0 or the smallest subnormal, the low 25 bits of r are the
+    top 25 bits of the increment and the increment's bits below them count as ones. Either way,
+    all-zero random bits round toward zero and all-ones round every inexact value away from it.
+    Without `random_bits`, each element draws 25 uniform bits from `generator`: once where the
+    result is normal in fmt, so the same 25 bits supplied as `random_bits` give the same result.
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         kind = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
@@ -150,6 +162,8 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
                          "x.float() first (that itself rounds each value to float32)")
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDING_MODES}")
+    supplied = None if random_bits is None else _check_random_bits(random_bits, x, rounding,
+                                                                    generator).reshape(-1)
 
     patterns = x.float().contiguous().view(torch.int32).reshape(-1)
     rounded = torch.empty_like(patterns)
@@ -158,7 +172,9 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
     chunk_size = _CPU_CHUNK if patterns.device.type == "cpu" else max(patterns.numel(), 1)
     for start in range(0, patterns.numel(), chunk_size):
         chunk = patterns[start:start + chunk_size]
-        magnitude = _round_magnitude(chunk & _F32_MAGNITUDE, fmt, rounding, generator)
+        random = _RandomBits(generator, None if supplied is None
+                             else supplied[start:start + chunk_size])
+        magnitude = _round_magnitude(chunk & _F32_MAGNITUDE, fmt, rounding, random)
         torch.bitwise_or(magnitude, chunk & _F32_SIGN, out=rounded[start:start + chunk_size])
     return rounded.view(torch.float32).reshape(x.shape)
 
@@ -166,8 +182,37 @@ def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest_even",
 _CPU_CHUNK = 1 << 17  # 512 KiB of int32: fits in L2; measured fastest on an idle 2-core machine
 
 
+def _check_random_bits(random_bits, x: torch.Tensor, rounding: str,
+                       generator: torch.Generator | None) -> torch.Tensor:
+    """`random_bits` as a contiguous int32 tensor, after checking that it fits the call."""
+    if rounding != "stochastic":
+        raise ValueError(f"random_bits is only used by rounding='stochastic', got {rounding!r}")
+    if generator is not None:
+        raise ValueError("give either random_bits or generator, not both")
+    if not isinstance(random_bits, torch.Tensor) or random_bits.dtype != torch.int32:
+        kind = random_bits.dtype if isinstance(random_bits, torch.Tensor) else type(random_bits).__name__
+        raise ValueError(f"random_bits must be an int32 tensor, got {kind}")
+    if random_bits.shape != x.shape or random_bits.device != x.device:
+        raise ValueError(f"random_bits must have x's shape {tuple(x.shape)} on {x.device}, got "
+                         f"{tuple(random_bits.shape)} on {random_bits.device}")
+    return random_bits.contiguous()
+
+
+class _RandomBits(NamedTuple):
+    """Where stochastic rounding gets its random bits: supplied ones, or fresh draws."""
+    generator: torch.Generator | None
+    supplied: torch.Tensor | None
+
+    def draw(self, like: torch.Tensor) -> torch.Tensor:
+        """Random int32 bits for each element of `like`: the supplied ones, or 25 fresh bits."""
+        if self.supplied is not None:
+            return self.supplied
+        return torch.randint(0, 1 << 25, like.shape, generator=self.generator, dtype=torch.int32,
+                             device=like.device)
+
+
 def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
-                     generator: torch.Generator | None) -> torch.Tensor:
+                     random: _RandomBits) -> torch.Tensor:
     """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns."""
     # NaN patterns (above inf's) are set aside for the end; rounding inf's pattern keeps it.
     finite_or_inf = magnitude.clamp(max=_F32_INF)
@@ -175,13 +220,13 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
     # 23 - mantissa_bits bits are clear, so rounding means clearing those bits. A carry out of
     # the mantissa lands in the exponent field, which is exactly the next binade up.
     rounded = _drop_low_bits(finite_or_inf, _F32_MANTISSA_BITS - fmt.mantissa_bits, rounding,
-                             generator)
+                             random)
     # Below fmt's smallest normal the spacing stops shrinking (those are its subnormals). A
     # format with float32's 8 exponent bits has float32's subnormal spacing: nothing to add.
     smallest_normal = _pattern(fmt.smallest_normal)
     if fmt.exponent_bits < 8 and finite_or_inf.min() < smallest_normal:
         rounded = _select(_flag_above(smallest_normal, finite_or_inf),
-                          _round_below_normal(finite_or_inf, fmt, rounding, generator), rounded)
+                          _round_below_normal(finite_or_inf, fmt, rounding, random), rounded)
 
     largest = _pattern(fmt.max)
     # Truncation never takes a finite value past the largest one (IEEE 754 agrees).
@@ -194,7 +239,7 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
 
 
 def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
-                        generator: torch.Generator | None) -> torch.Tensor:
+                        random: _RandomBits) -> torch.Tensor:
     """Round magnitudes below fmt's smallest normal, where fmt's spacing is its smallest subnormal.
 
     (Larger magnitudes come out wrong here; the caller keeps only the small ones.)
@@ -208,18 +253,21 @@ def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str
     # One more bit goes per binade below fmt's smallest normal.
     binades_below = (fmt.min_exponent + _F32_BIAS) - exponent_field
     dropped = (binades_below + _F32_MANTISSA_BITS - fmt.mantissa_bits).clamp_(min=0)
-    rounded = _drop_low_bits(significand, dropped.clamp(max=24), rounding, generator)
+    rounded = _drop_low_bits(significand, dropped.clamp(max=24), rounding, random)
     # A carry out of the significand bumps the exponent in `rest`, as above; a significand
     # rounded away entirely leaves zero, whatever its exponent was.
     rounded = rest.mul_(rounded.clamp(max=1)).add_(rounded)
     # Dropping 25 or more bits leaves below half the smallest subnormal: nearest and toward-zero
     # give 0, and stochastic rounding gives the smallest subnormal with probability
-    # magnitude / smallest subnormal (from 25 random bits).
+    # magnitude / smallest subnormal. It adds 25 random bits to the top 25 dropped bits and
+    # rounds up on a carry; the dropped bits below those are rounded up into them (as if the
+    # increment's lowest bits were ones), so that random bits of all ones round any nonzero
+    # value up, and all zeros round it down.
     up = 0
     if rounding == "stochastic":
-        draw = torch.randint(0, 1 << 25, magnitude.shape, generator=generator, dtype=torch.int32,
-                             device=magnitude.device)
-        up = _flag_above(significand >> (dropped - 25).clamp_(min=0, max=31), draw)
+        shift = (dropped - 25).clamp_(min=0, max=30)   # past 30 only "nonzero or not" is left
+        top_bits = (significand + (1 << shift) - 1) >> shift
+        up = (top_bits + (random.draw(magnitude) & ((1 << 25) - 1))) >> 25
     return _select(_flag_above(dropped, 24), up * _pattern(fmt.smallest_subnormal), rounded)
 
 
@@ -237,7 +285,7 @@ def _select(flag: torch.Tensor, chosen: torch.Tensor | int, otherwise: torch.Ten
 
 
 def _drop_low_bits(bits: torch.Tensor, count: int | torch.Tensor, rounding: str,
-                   generator: torch.Generator | None) -> torch.Tensor:
+                   random: _RandomBits) -> torch.Tensor:
     """Clear the low `count` bits of each integer, rounding the value they held away.
 
     Rounding adds an increment before clearing: the add carries into the kept bits exactly
@@ -248,9 +296,7 @@ def _drop_low_bits(bits: torch.Tensor, count: int | torch.Tensor, rounding: str,
         increment = 0
     elif rounding == "stochastic":
         # Uniform in [0, 2**count): the add carries with probability (dropped bits) / 2**count.
-        draw = torch.randint(0, 1 << 25, bits.shape, generator=generator, dtype=torch.int32,
-                             device=bits.device)
-        increment = draw & dropped_mask
+        increment = random.draw(bits) & dropped_mask
     else:
         # Nearest, ties to even: half a step minus one, plus the last kept bit, so that a tie
         # carries only from an odd value. (mask + last) >> 1 is exactly that for count >= 1,

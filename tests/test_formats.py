@@ -241,6 +241,101 @@ def test_stochastic_rounding_is_unbiased(fmt):
         assert abs(round_to(x[:1], fmt).item() - value) > 20 * sigma   # nearest is biased here
 
 
+# --- stochastic rounding with supplied random bits ----------------------------------------------
+
+def random_patterns(n: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(-2**31, 2**31, (n,), dtype=torch.int64,
+                         generator=generator).to(torch.int32).view(torch.float32)
+
+
+def one_code_away_from_zero(stored: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """The value of `fmt` one code further from zero than each `stored` (exact in fmt), by torch."""
+    dtype = CODE_DTYPE[fmt.torch_dtype]
+    codes = stored.to(fmt.torch_dtype).view(dtype).to(torch.int32)
+    sign_bit = 1 << (fmt.bits - 1)
+    stepped = ((codes & (sign_bit - 1)) + 1) | (codes & sign_bit)
+    if dtype != torch.uint8:   # back to the signed range of the view's integer type
+        stepped = stepped - (1 << fmt.bits) * (stepped >= sign_bit)
+    return stepped.to(dtype).view(fmt.torch_dtype).float()
+
+
+def in_range_values(fmt: FloatFormat, n: int, seed: int) -> torch.Tensor:
+    """Random patterns and the format's boundary cases, finite and no larger than fmt.max."""
+    x = torch.cat([random_patterns(n, seed), f32(boundary_values(fmt))])
+    return x[x.isfinite() & (x.abs() <= fmt.max)]
+
+
+@ids
+def test_random_bits_of_zero_round_toward_zero(fmt):
+    """Within the format's range (beyond it, stochastic rounding overflows like fmt.overflow)."""
+    x = in_range_values(fmt, 1 << 18, 12)
+    zeros = torch.zeros(x.shape, dtype=torch.int32)
+    assert_same_bits(round_to(x, fmt, "stochastic", random_bits=zeros),
+                     round_to(x, fmt, "toward_zero"), x)
+
+
+@ids
+def test_random_bits_of_all_ones_round_every_inexact_value_away_from_zero(fmt):
+    x = in_range_values(fmt, 1 << 18, 13)
+    ones = torch.full(x.shape, -1, dtype=torch.int32)
+    toward = round_to(x, fmt, "toward_zero")
+    expected = torch.where(toward == x, toward, one_code_away_from_zero(toward, fmt))
+    assert_same_bits(round_to(x, fmt, "stochastic", random_bits=ones), expected, x)
+    tiny = f32([2**-149, -2**-149, 2**-140])   # float32's smallest: far below half of fmt's
+    got = round_to(tiny, fmt, "stochastic", random_bits=torch.full((3,), -1, dtype=torch.int32))
+    assert got.tolist() == [fmt.smallest_subnormal, -fmt.smallest_subnormal, fmt.smallest_subnormal]
+
+
+def test_random_bits_for_bf16_are_torchaos_add_and_clear():
+    """On finite values not near overflow: (bits + (r & 0xFFFF)) & ~0xFFFF, bit for bit."""
+    x = random_patterns(1 << 18, 14)
+    x = x[x.isfinite() & (x.abs() < 1e38)]
+    r = torch.randint(-2**31, 2**31, x.shape, dtype=torch.int64,
+                      generator=torch.Generator().manual_seed(15)).to(torch.int32)
+    patterns = x.view(torch.int32)
+    expected = ((patterns + (r & 0xFFFF)) & ~0xFFFF).view(torch.float32)
+    assert_same_bits(round_to(x, BF16, "stochastic", random_bits=r), expected, x)
+
+
+@pytest.mark.parametrize("fmt", (BF16, FP16, FP8_E4M3), ids=lambda f: f.name)
+def test_random_bits_replay_the_generator_when_the_same_bits_are_drawn(fmt):
+    """Above the smallest normal the generator path draws 25 bits per element, once."""
+    x = in_range_values(fmt, 100_000, 16)
+    x = x[x.abs() >= fmt.smallest_normal]
+    same_draw = torch.randint(0, 1 << 25, x.shape, generator=torch.Generator().manual_seed(17),
+                              dtype=torch.int32)
+    assert_same_bits(round_to(x, fmt, "stochastic", random_bits=same_draw),
+                     round_to(x, fmt, "stochastic", generator=torch.Generator().manual_seed(17)), x)
+
+
+@pytest.mark.parametrize("fmt", [FP16, FP8_E4M3], ids=lambda f: f.name)
+def test_random_bits_below_half_the_smallest_subnormal_round_up_in_proportion(fmt):
+    """Value v = f * smallest subnormal rounds up exactly for r & (2**25 - 1) >= 2**25 - ceil(f * 2**25)."""
+    fraction = 0.3
+    value = f32([fraction * fmt.smallest_subnormal]).item()
+    top_bits = math.ceil(value / fmt.smallest_subnormal * 2**25)
+    r = torch.arange(2**25 - top_bits - 2, 2**25 - top_bits + 2, dtype=torch.int32)
+    x = f32([value] * r.numel())
+    got = round_to(x, fmt, "stochastic", random_bits=r | (7 << 25))   # only the low 25 bits count
+    assert got.tolist() == [0.0, 0.0, fmt.smallest_subnormal, fmt.smallest_subnormal]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rounding="nearest_even", random_bits=torch.zeros(3, dtype=torch.int32)),
+     "only used by rounding='stochastic', got 'nearest_even'"),
+    (dict(random_bits=torch.zeros(3, dtype=torch.int32), generator=torch.Generator()),
+     "either random_bits or generator"),
+    (dict(random_bits=torch.zeros(3, dtype=torch.int64)), "int32 tensor, got torch.int64"),
+    (dict(random_bits=[0, 0, 0]), "int32 tensor, got list"),
+    (dict(random_bits=torch.zeros(4, dtype=torch.int32)), r"x's shape \(3,\).*got \(4,\)"),
+])
+def test_random_bits_rejects_what_does_not_fit(kwargs, message):
+    kwargs = {"rounding": "stochastic", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        round_to(torch.ones(3), BF16, **kwargs)
+
+
 def _away_from_zero(value: float, fmt: FloatFormat) -> float:
     toward = round_to(f32([value]), fmt, "toward_zero").item()
     below, above = neighbours(toward, fmt)
