@@ -170,9 +170,9 @@ def test_skipped_step_leaves_masters_working_and_state_unchanged():
         scaler.update()
     assert all(torch.equal(a, b) for a, b in zip(working, model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(saved["masters"], opt.master_parameters()))
-    for index, entry in saved["optimizer"]["state"].items():
+    for index, entry in saved["state"].items():
         for key, value in entry.items():
-            assert torch.equal(value, opt.state_dict()["optimizer"]["state"][index][key])
+            assert torch.equal(value, opt.state_dict()["state"][index][key])
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
@@ -214,8 +214,8 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(a, b)
     for a, b in zip(opt.master_parameters(), resumed_opt.master_parameters()):
         assert torch.equal(a, b)
-    for key, value in opt.state_dict()["optimizer"]["state"][0].items():
-        assert torch.equal(value, resumed_opt.state_dict()["optimizer"]["state"][0][key])
+    for key, value in opt.state_dict()["state"][0].items():
+        assert torch.equal(value, resumed_opt.state_dict()["state"][0][key])
 
 
 def test_parameter_groups_keep_their_options():
@@ -236,17 +236,25 @@ def test_bad_input_gets_clear_errors():
     p = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
     with pytest.raises(ValueError, match="twice"):
         MasterWeightOptimizer([p, p], torch.optim.SGD, lr=0.1)
-    with pytest.raises(ValueError, match="requires_grad"):
-        MasterWeightOptimizer([torch.ones(2, dtype=torch.float16)], torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="leaf"):
+        MasterWeightOptimizer([p * 2], torch.optim.SGD, lr=0.1)
+    with pytest.raises(TypeError, match="set"):
+        MasterWeightOptimizer([{"params": {p}}], torch.optim.SGD, lr=0.1)
     opt = MasterWeightOptimizer([p], torch.optim.SGD, lr=0.1)
     with pytest.raises(ValueError, match="masters"):
-        opt.load_state_dict({"masters": [], "optimizer": opt.optimizer.state_dict()})
+        opt.load_state_dict({**opt.state_dict(), "masters": []})
+    with pytest.raises(ValueError, match="masters"):
+        opt.load_state_dict(opt.optimizer.state_dict())
 
 
-def test_lr_scheduler_on_the_inner_optimizer_drives_the_steps():
+@pytest.mark.parametrize("inner", [False, True])
+def test_lr_scheduler_drives_the_steps(inner):
+    """A scheduler takes the optimizer itself (a torch.optim.Optimizer) or the inner one."""
     w = torch.nn.Parameter(torch.zeros((), dtype=torch.float16))
     opt = MasterWeightOptimizer([w], torch.optim.SGD, lr=1.0)
-    scheduler = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=1, gamma=0.5)
+    assert isinstance(opt, torch.optim.Optimizer)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt.optimizer if inner else opt, step_size=1,
+                                                gamma=0.5)
     for _ in range(3):
         opt.zero_grad()
         (-w).backward()
@@ -254,3 +262,224 @@ def test_lr_scheduler_on_the_inner_optimizer_drives_the_steps():
         scheduler.step()
     assert opt.param_groups[0]["lr"] == 0.125
     assert w.item() == 1.0 + 0.5 + 0.25
+
+
+# Drop-in fidelity: a torch optimizer's behaviour, on FP32 masters (issue 17).
+
+class Reference:
+    """The mechanism written out by hand: `optimizer_cls` on FP32 copies of a 16-bit model."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.working = list(params)
+        self.masters = [w.detach().float().requires_grad_() for w in self.working]
+        self.optimizer = optimizer_cls(self.masters, **kwargs)
+
+    def take_gradients(self):
+        for w, m in zip(self.working, self.masters):
+            m.grad = None if w.grad is None else w.grad.float()
+
+    @torch.no_grad()
+    def round_into_working(self):
+        for w, m in zip(self.working, self.masters):
+            w.copy_(m)
+
+    def step(self):
+        self.take_gradients()
+        self.optimizer.step()
+        self.round_into_working()
+
+
+def assert_same(ours_working, ours_opt, reference):
+    assert len(ours_opt.master_parameters()) == len(reference.masters)
+    for a, b in zip(ours_opt.master_parameters(), reference.masters):
+        assert torch.equal(a, b), "masters differ from the optimizer run on FP32 copies by hand"
+    for a, b in zip(ours_working, reference.working, strict=True):
+        assert torch.equal(a, b), "working copies differ from the hand-made reference"
+
+
+OPTIMIZERS = {
+    "SGD": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    "SGD-fused": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, fused=True)),
+    "Adam": (torch.optim.Adam, dict(lr=1e-2)),
+    "Adam-fused": (torch.optim.Adam, dict(lr=1e-2, fused=True)),
+    "Adam-for-loop": (torch.optim.Adam, dict(lr=1e-2, foreach=False)),
+    "AdamW-amsgrad": (torch.optim.AdamW, dict(lr=1e-2, amsgrad=True)),
+    "AdamW-fused": (torch.optim.AdamW, dict(lr=1e-2, fused=True)),
+    "Adagrad": (torch.optim.Adagrad, dict(lr=0.1)),
+    "Adagrad-fused": (torch.optim.Adagrad, dict(lr=0.1, fused=True)),
+    "Adadelta": (torch.optim.Adadelta, dict(lr=1.0)),
+    "Adafactor": (torch.optim.Adafactor, dict(lr=1e-2)),
+    "Adamax": (torch.optim.Adamax, dict(lr=1e-2)),
+    "ASGD": (torch.optim.ASGD, dict(lr=1e-2)),
+    "NAdam": (torch.optim.NAdam, dict(lr=1e-2)),
+    "RAdam": (torch.optim.RAdam, dict(lr=1e-2)),
+    "RMSprop": (torch.optim.RMSprop, dict(lr=1e-3, momentum=0.9, centered=True)),
+    "Rprop": (torch.optim.Rprop, dict(lr=1e-3)),
+    "Muon": (torch.optim.Muon, dict(lr=1e-2)),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_torch_optimizer_runs_on_the_masters_bitwise(name):
+    optimizer_cls, kwargs = OPTIMIZERS[name]
+    trainable = (lambda m: [p for p in m.parameters() if p.ndim == 2]) if name == "Muon" \
+        else (lambda m: list(m.parameters()))  # Muon updates matrices only
+    model, twin = mlp(torch.float16), mlp(torch.float16)
+    opt = MasterWeightOptimizer(trainable(model), optimizer_cls, **kwargs)
+    reference = Reference(trainable(twin), optimizer_cls, **kwargs)
+    for x, y in batches(4):
+        for m, o in ((model, opt), (twin, reference.optimizer)):
+            m.zero_grad()
+            loss_of(m, x, y).backward()
+        opt.step()
+        reference.step()
+    assert_same(trainable(model), opt, reference)
+    assert not torch.equal(model[0].weight, mlp(torch.float16)[0].weight), "nothing trained"
+
+
+def test_lbfgs_closure_sees_the_weights_being_tried():
+    x, y = batches(1)[0]
+    model, twin = mlp(torch.bfloat16), mlp(torch.bfloat16)
+    opt = MasterWeightOptimizer(model.parameters(), torch.optim.LBFGS, lr=0.5, max_iter=6)
+    reference = Reference(twin.parameters(), torch.optim.LBFGS, lr=0.5, max_iter=6)
+    calls = []
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_of(model, x, y)
+        loss.backward()
+        calls.append(loss.item())
+        return loss
+
+    def reference_closure():
+        reference.round_into_working()
+        twin.zero_grad()
+        loss = loss_of(twin, x, y)
+        loss.backward()
+        reference.take_gradients()
+        return loss
+
+    for _ in range(2):
+        first = opt.step(closure)
+        assert torch.equal(first, reference.optimizer.step(reference_closure))
+        reference.round_into_working()
+    assert_same(list(model.parameters()), opt, reference)
+    assert len(calls) > 2 and calls[-1] < calls[0], "LBFGS should re-evaluate and improve"
+
+
+def test_a_gradient_assigned_or_edited_by_hand_is_the_one_used():
+    """Gradient surgery on the working parameters: the step uses what .grad holds at step()."""
+    model, twin = mlp(torch.float16), mlp(torch.float16)
+    opt = MasterWeightOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    reference = Reference(twin.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    for step, (x, y) in enumerate(batches(4)):
+        for m in (model, twin):
+            m.zero_grad()
+            loss_of(m, x, y).backward()
+            weight, bias = m[0].weight, m[0].bias
+            weight.grad.mul_(0.5)                                 # edited in place
+            bias.grad = torch.randn(bias.shape, generator=torch.Generator().manual_seed(step)
+                                    ).half()                       # replaced
+            m[2].bias.grad = None if step % 2 else m[2].bias.grad  # dropped: not stepped
+        opt.step()
+        reference.step()
+        assert_same(list(model.parameters()), opt, reference)
+    manual = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    only_by_hand = MasterWeightOptimizer([manual], torch.optim.SGD, lr=1.0)
+    manual.grad = torch.randn(4, generator=g).bfloat16()
+    only_by_hand.step()
+    assert torch.equal(only_by_hand.master_parameters()[0], 1 - manual.grad.float())
+
+
+def unscale_then_clip_the_working_gradients(scaler):
+    model = mlp(torch.float16)
+    opt = MasterWeightOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    scaler.scale(loss_of(model, *batches(1)[0])).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)  # scaled 16-bit gradients: wrong
+    return model, opt
+
+
+def test_editing_working_gradients_after_unscaling_the_masters_is_an_error():
+    model, opt = unscale_then_clip_the_working_gradients(GradScaler())
+    before = [m.detach().clone() for m in opt.master_parameters()]
+    with pytest.raises(RuntimeError, match="master_parameters"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, opt.master_parameters()))
+
+
+def test_limit_torchs_unscale_is_invisible_so_the_edited_working_gradient_wins():
+    """torch's unscale kernel does not bump the gradients' version counters (documented limit)."""
+    scaler = torch.amp.GradScaler("cpu")
+    model, opt = unscale_then_clip_the_working_gradients(scaler)
+    scaler.step(opt)
+    for p, master in zip(model.parameters(), opt.master_parameters()):
+        assert torch.equal(master.grad, p.grad.float())
+
+
+def test_frozen_parameters_are_accepted_and_left_alone():
+    model, twin = mlp(torch.float16), mlp(torch.float16)
+    for m in (model, twin):
+        m[0].weight.requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    opt = MasterWeightOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2,
+                                weight_decay=0.5)
+    reference = Reference(twin.parameters(), torch.optim.AdamW, lr=1e-2, weight_decay=0.5)
+    for x, y in batches(3):
+        for m, o in ((model, opt), (twin, reference.optimizer)):
+            o.zero_grad()
+            m.zero_grad()
+            loss_of(m, x, y).backward()
+        opt.step()
+        reference.step()
+    assert torch.equal(model[0].weight, frozen), "a parameter without gradient must not move"
+    assert opt.master_parameters()[0].grad is None
+    assert_same(list(model.parameters()), opt, reference)
+
+
+def test_add_param_group_makes_masters_for_the_new_parameters():
+    model, twin = mlp(torch.bfloat16), mlp(torch.bfloat16)
+    opt = MasterWeightOptimizer(model[0].parameters(), torch.optim.AdamW, lr=1e-2)
+    reference = Reference(twin.parameters(), torch.optim.AdamW, lr=1e-2)
+    reference.optimizer.param_groups[0]["params"] = reference.masters[:2]
+    for step, (x, y) in enumerate(batches(4)):
+        if step == 2:
+            opt.add_param_group({"params": model[2].parameters(), "lr": 0.05})
+            reference.optimizer.add_param_group({"params": reference.masters[2:], "lr": 0.05})
+        for m, o in ((model, opt), (twin, reference.optimizer)):
+            o.zero_grad()
+            m.zero_grad()
+            loss_of(m, x, y).backward()
+        opt.step()
+        reference.step()
+    assert [g["lr"] for g in opt.param_groups] == [1e-2, 0.05]
+    assert len(opt.master_parameters()) == 4
+    assert all(p.dtype == torch.float32 for g in opt.param_groups for p in g["params"])
+    assert_same(list(model.parameters()), opt, reference)
+    with pytest.raises(ValueError, match="twice"):
+        opt.add_param_group({"params": [model[2].bias]})
+
+
+def test_a_group_added_to_the_inner_optimizer_directly_is_refused():
+    model = mlp(torch.float16)
+    opt = MasterWeightOptimizer(model[0].parameters(), torch.optim.SGD, lr=0.1)
+    opt.optimizer.add_param_group({"params": list(model[2].parameters())})
+    loss_of(model, *batches(1)[0]).backward()
+    with pytest.raises(ValueError, match="add_param_group"):
+        opt.step()
+
+
+def test_step_hooks_state_dict_and_named_parameters_work_as_with_any_optimizer():
+    model = mlp(torch.float16)
+    opt = MasterWeightOptimizer(model.named_parameters(), torch.optim.SGD, lr=0.1)
+    seen = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: seen.append(("pre", o)))
+    opt.register_step_post_hook(lambda o, args, kwargs: seen.append(("post", o)))
+    loss_of(model, *batches(1)[0]).backward()
+    opt.step()
+    assert seen == [("pre", opt), ("post", opt)]
+    state = opt.state_dict()
+    reference = torch.optim.SGD(mlp(torch.float32).named_parameters(), lr=0.1).state_dict()
+    assert set(state) == set(reference) | {"masters"}
+    assert state["param_groups"] == reference["param_groups"]
