@@ -11,6 +11,7 @@ is the older, simpler scheme with a scale that never changes.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
@@ -74,11 +75,21 @@ class GradScaler:
     step each time it overshoots. The scale lives as an FP32 number and is created at the first
     `scale()` call, like torch's.
 
-    Differences from torch, none of which changes a decision or a bit of the results: there is no
-    `device` argument (the scale goes to whatever device the loss is on), the inf/NaN flag is a
-    Python bool per optimizer rather than a tensor per device (reading it costs a host sync,
-    which torch delays until `step`), and fused optimizers are unscaled like any other instead of
-    receiving `grad_scale` and `found_inf` attributes.
+    An optimizer that unscales inside its own step (`_step_supports_amp_scaling`, e.g. torch's
+    `fused=True` Adam, AdamW, SGD and Adagrad) is not unscaled here: as torch does, `step` checks
+    its gradients for inf/NaN, hands it the scale and the verdict as `optimizer.grad_scale` and
+    `optimizer.found_inf` (or itself as `grad_scaler=`, if its `step` takes that argument) and
+    lets it skip or unscale. Such an optimizer may own FP16 gradients.
+
+    Misuse raises what torch raises: AssertionError for a call before `scale()` and for `step` or
+    `update` with no gradient to check, RuntimeError for a repeated `unscale_` or `step`.
+
+    Differences from torch, none of which changes a decision or a bit of the results of a valid
+    program: there is no `device` argument (the scale goes to whatever device the loss is on);
+    the inf/NaN flag is a Python bool per optimizer rather than a tensor per device (reading it
+    costs a host sync, which torch delays until `step`); `update(new_scale)` refuses an infinite,
+    NaN, zero or negative scale (ValueError) where torch takes it; and bad constructor or setter
+    arguments raise ValueError where torch raises AssertionError or accepts them.
 
     A warning is raised when overflows drive the scale below 1: then the gradients overflow even
     unscaled, which almost always means the loss or the forward pass itself produced inf or NaN,
@@ -137,12 +148,10 @@ class GradScaler:
         if any(g.dtype == torch.float16 for g in grads):
             raise ValueError("Attempting to unscale FP16 gradients.")
         inv_scale = torch.tensor(self._scale, dtype=torch.float64).reciprocal().float()
-        found_inf = None if not grads else False  # None: no gradient to check at all
+        state["found_inf"] = _any_non_finite(grads)
         with torch.no_grad():
             for grad in grads:
-                found_inf = found_inf or not bool(torch.isfinite(grad).all())
                 grad.mul_(inv_scale.to(grad.device))
-        state["found_inf"] = found_inf
         state["stage"] = UNSCALED
 
     def step(self, optimizer, *args, **kwargs):
@@ -158,28 +167,64 @@ class GradScaler:
         state = self._state(optimizer)
         if state["stage"] == STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._step_unscaling_inside(optimizer, state, args, kwargs)
         if state["stage"] == READY:
             self.unscale_(optimizer)
         if state["found_inf"] is None:
-            raise RuntimeError("No inf checks were recorded for this optimizer: none of its "
-                               "parameters has a gradient.")
+            raise AssertionError("No inf checks were recorded for this optimizer: none of its "
+                                 "parameters has a gradient.")
         result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
         state["stage"] = STEPPED
         return result
 
+    def _step_unscaling_inside(self, optimizer, state: dict[str, Any], args, kwargs):
+        """Step an optimizer that unscales in its own kernel and skips itself on inf/NaN.
+
+        It receives the scale still to divide by (None if `unscale_` already did) and whether
+        any gradient is inf or NaN; checking needs no division, so FP16 gradients are fine.
+        """
+        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            warnings.warn(  # torch's words: this older form of the protocol is on its way out
+                "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+                "directly.", FutureWarning, stacklevel=3)
+            result = optimizer.step(*args, **kwargs, grad_scaler=self)
+            state["stage"] = STEPPED
+            return result
+        grads = _grads_of(optimizer)
+        device = grads[0].device if grads else torch.device("cpu")
+        if state["stage"] == READY:
+            state["found_inf"] = _any_non_finite(grads)
+        scale = torch.tensor(self._scale, dtype=torch.float32, device=device)
+        optimizer.grad_scale = getattr(optimizer, "grad_scale", None) \
+            if state["stage"] == UNSCALED else scale * getattr(optimizer, "grad_scale", 1)
+        optimizer.found_inf = torch.tensor(float(bool(state["found_inf"])), device=device)
+        try:
+            result = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+        state["stage"] = STEPPED
+        return result
+
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Pick the next iteration's scale (see `update_scale`), or set it to `new_scale`."""
+        """Pick the next iteration's scale (see `update_scale`), or set it to `new_scale`.
+
+        `new_scale` is a float or a 0-d tensor without grad, as torch requires; see
+        `_checked_new_scale` for the errors anything else gets.
+        """
         if not self._enabled:
             return
         self._require_scale("update")
         if new_scale is not None:
-            self._scale = to_fp32(_as_float(new_scale))
+            self._scale = _checked_new_scale(new_scale)
         else:
             checks = [state["found_inf"] for state in self._per_optimizer.values()
                       if state["found_inf"] is not None]
             if not checks:
-                raise RuntimeError("No inf checks were recorded prior to update(): call step() "
-                                   "(or unscale_()) for each optimizer first.")
+                raise AssertionError("No inf checks were recorded prior to update(): call step() "
+                                     "(or unscale_()) for each optimizer first.")
             found_inf = any(checks)
             before = self._scale
             self._scale, self._growth_tracker = update_scale(
@@ -261,7 +306,7 @@ class GradScaler:
 
     def _require_scale(self, method: str) -> None:
         if self._scale is None:
-            raise RuntimeError(f"{method}() was called before scale(): scale the loss with "
+            raise AssertionError(f"{method}() was called before scale(): scale the loss with "
                                "scaler.scale(loss) earlier in the iteration.")
 
 
@@ -304,13 +349,40 @@ def _grads_of(optimizer) -> list[torch.Tensor]:
     return grads
 
 
-def _as_float(new_scale: float | torch.Tensor) -> float:
+def _any_non_finite(grads: list[torch.Tensor]) -> bool | None:
+    """Whether any gradient holds an inf or a NaN; None when there is no gradient to check."""
+    if not grads:
+        return None
+    return any(not bool(torch.isfinite(grad).all()) for grad in grads)
+
+
+def _checked_new_scale(new_scale: Any) -> float:
+    """`new_scale` as the FP32 scale, raising what torch raises for what torch refuses.
+
+    torch takes a Python float or a 0-d tensor without grad. Other values fail inside torch with
+    AttributeError (an int, a str), AssertionError (a tensor of several elements or requiring
+    grad) or RuntimeError (a tensor of shape (1,), a float beyond FP32's range); the same types
+    are raised here, with messages that say what was wrong.
+    """
+    allowed = "a float or a 0-d tensor with requires_grad=False"
     if isinstance(new_scale, torch.Tensor):
         if new_scale.numel() != 1 or new_scale.requires_grad:
-            raise ValueError("new_scale must be a float or a 1-element tensor with "
-                             f"requires_grad=False, got shape {tuple(new_scale.shape)}, "
-                             f"requires_grad={new_scale.requires_grad}")
-        return new_scale.item()
-    if isinstance(new_scale, numbers.Real):
-        return float(new_scale)
-    raise ValueError(f"new_scale must be a float or a 1-element tensor, got {new_scale!r}")
+            raise AssertionError(f"new_scale must be {allowed}, got a tensor of shape "
+                                 f"{tuple(new_scale.shape)} with requires_grad="
+                                 f"{new_scale.requires_grad}")
+        if new_scale.dim() != 0:
+            raise RuntimeError(f"new_scale must be {allowed}, got a one-element tensor of shape "
+                               f"{tuple(new_scale.shape)}: pass new_scale.reshape(())")
+        value = new_scale.item()
+    elif isinstance(new_scale, float):
+        value = new_scale
+    else:
+        raise AttributeError(f"new_scale must be {allowed}, got {new_scale!r} of type "
+                             f"{type(new_scale).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"new_scale must be a positive finite number, got {value}")
+    scale = to_fp32(value)
+    if math.isinf(scale):
+        raise RuntimeError(f"new_scale={value} is beyond the largest FP32 number, "
+                           f"{torch.finfo(torch.float32).max:.6g}")
+    return scale

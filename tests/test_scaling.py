@@ -361,3 +361,177 @@ def test_static_scaler_keeps_its_scale_and_skips_overflows():
         StaticLossScaler(8.0).update(16.0)
     with pytest.raises(ValueError, match="init_scale"):
         StaticLossScaler(0.0)
+
+
+# Drop-in fidelity (issue 17): what a real program would notice.
+
+def error_of(action):
+    """The exception `action()` raises (None if it returns)."""
+    try:
+        action()
+    except Exception as error:  # noqa: BLE001 - the type is what is compared
+        return error
+    return None
+
+
+def misuse_scenarios(make):
+    """Each misuse of the four calls, on a fresh scaler from `make`: name -> the failing call."""
+    def fresh(backward=True):
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = make()
+        if backward:
+            scaler.scale(model(torch.randn(2, 6)).sum()).backward()
+        return scaler, opt
+
+    def unscaled_twice():
+        scaler, opt = fresh()
+        scaler.unscale_(opt)
+        return lambda: scaler.unscale_(opt)
+
+    def after_step(method):
+        scaler, opt = fresh()
+        scaler.step(opt)
+        return lambda: getattr(scaler, method)(opt)
+
+    def without_gradients(method):
+        scaler, opt = fresh(backward=False)
+        scaler.scale(torch.ones(()))
+        return lambda: getattr(scaler, method)(opt) if method == "step" else scaler.update()
+
+    def before_scale(method):
+        scaler, opt = fresh(backward=False)
+        return lambda: scaler.update() if method == "update" else getattr(scaler, method)(opt)
+
+    return {
+        "update before scale": before_scale("update"),
+        "unscale_ before scale": before_scale("unscale_"),
+        "step before scale": before_scale("step"),
+        "step without gradients": without_gradients("step"),
+        "update without step": without_gradients("update"),
+        "unscale_ twice": unscaled_twice(),
+        "unscale_ after step": after_step("unscale_"),
+        "step twice": after_step("step"),
+        "step with a closure": (lambda s: lambda: s[0].step(s[1], closure=lambda: None))(fresh()),
+    }
+
+
+def test_misuse_raises_torchs_exception_types():
+    ours, theirs = misuse_scenarios(GradScaler), misuse_scenarios(torch_scaler)
+    for name in ours:
+        mine, torchs = error_of(ours[name]), error_of(theirs[name])
+        assert torchs is not None, f"torch accepts {name}?"
+        assert type(mine) is type(torchs), f"{name}: ours {mine!r}, torch {torchs!r}"
+    assert type(error_of(ours["update before scale"])) is AssertionError
+
+
+def scaled_once(make):
+    scaler = make()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.randn(2, 6)).sum()).backward()
+    scaler.step(opt)
+    return scaler
+
+
+@pytest.mark.parametrize("bad", [1e39, 5, True, "2.0", torch.tensor([2.0]),
+                                 torch.tensor([2.0, 3.0]), torch.tensor(2.0, requires_grad=True)],
+                         ids=repr)
+def test_update_refuses_bad_new_scales_as_torch_does(bad):
+    mine = error_of(lambda: scaled_once(GradScaler).update(bad))
+    torchs = error_of(lambda: scaled_once(torch_scaler).update(bad))
+    assert torchs is not None and type(mine) is type(torchs), (mine, torchs)
+    named = f"{bad!r}" if not isinstance(bad, torch.Tensor) else f"{tuple(bad.shape)}"
+    assert named in str(mine), f"the message should name the bad value: {mine}"
+
+
+@pytest.mark.parametrize("new", [123.456, 1e-30, 3e38, torch.tensor(7.25), torch.tensor(4),
+                                 torch.tensor(0.1, dtype=torch.float64),
+                                 torch.tensor(3.0, dtype=torch.float16)], ids=repr)
+def test_update_takes_the_new_scales_torch_takes(new):
+    ours, theirs = scaled_once(GradScaler), scaled_once(torch_scaler)
+    ours.update(new)
+    theirs.update(new)
+    assert ours.get_scale() == theirs.get_scale()
+
+
+@pytest.mark.parametrize("bad", [INF, NAN, 0.0, -2.0, torch.tensor(INF)], ids=repr)
+def test_update_refuses_a_scale_torch_would_take_but_no_training_can_use(bad):
+    """A documented difference: torch sets such a scale; every later step would then fail."""
+    assert error_of(lambda: scaled_once(torch_scaler).update(bad)) is None
+    with pytest.raises(ValueError, match="positive finite"):
+        scaled_once(GradScaler).update(bad)
+
+
+FUSED = [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("optimizer", FUSED, ids=lambda c: c.__name__)
+def test_fused_optimizers_unscale_themselves_bitwise_like_torch(optimizer, dtype):
+    """The fused kernels receive grad_scale and found_inf; FP16 parameters are fine there."""
+    fused = lambda params, lr: optimizer(params, lr=lr, fused=True)  # noqa: E731
+    scales, stepped, _ = assert_same_run(dict(init_scale=2.0**10, growth_interval=4), steps=12,
+                                         inject={3: (0, INF), 7: (2, NAN)}, optimizer=fused,
+                                         dtype=dtype)
+    assert not stepped[3][0] and stepped[4][0] and scales[3] == scales[2] / 2
+    if dtype == torch.float32:  # explicit unscale_ first: grad_scale=None, unscaled already
+        assert_same_run(dict(init_scale=2.0**10), steps=6, clip=0.5, optimizer=fused,
+                        inject={2: (1, INF)})
+
+
+class RecordingOptimizer(torch.optim.SGD):
+    """An optimizer that does the scaler's work (as torch's fused ones), recording what it got."""
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.1)
+        self.received = []
+
+    def step(self, closure=None):
+        grad_scale = self.grad_scale
+        self.received.append((None if grad_scale is None else grad_scale.item(),
+                              self.found_inf.item()))
+
+
+class OldProtocolOptimizer(torch.optim.SGD):
+    """The older form of the protocol: `step` takes the scaler itself."""
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, grad_scaler=None):
+        self.received = grad_scaler
+
+
+def test_optimizers_that_take_the_scalers_work_get_what_torch_gives():
+    def run_protocol(make):
+        model = make_model(torch.float16)
+        opt = RecordingOptimizer(model.parameters())
+        scaler = make(init_scale=2.0**8)
+        for step in range(4):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(2, 6).half()).float().sum()).backward()
+            if step == 1:
+                model[0].weight.grad[0, 0] = INF
+            if step == 2:
+                opt.grad_scale = torch.tensor(3.0)  # a scale the user set: multiplied in
+            before = [p.grad.clone() for p in model.parameters()]
+            scaler.step(opt)
+            assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters())), \
+                "the scaler must leave unscaling to the optimizer"
+            assert not hasattr(opt, "found_inf")
+            scaler.update()
+        return opt.received, scaler.get_scale()
+
+    ours, theirs = run_protocol(GradScaler), run_protocol(torch_scaler)
+    assert ours == theirs
+    received = ours[0]
+    assert received[1] == (2.0**8, 1.0) and received[2] == (2.0**7 * 3.0, 0.0)
+
+    for make in (GradScaler, torch_scaler):
+        model = make_model()
+        opt = OldProtocolOptimizer(model.parameters(), lr=0.1)
+        scaler = make()
+        scaler.scale(model(torch.randn(2, 6)).sum()).backward()
+        with pytest.warns(FutureWarning, match="stop passing itself"):
+            scaler.step(opt)
+        assert opt.received is scaler
