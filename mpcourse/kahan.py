@@ -1,0 +1,57 @@
+"""Kahan-compensated 16-bit weights: a second 16-bit number keeps what rounding took (lesson 11).
+
+Kahan summation adds many small numbers to a large one without losing them: beside the running
+sum it keeps a compensation, the part of each addition that rounding threw away, and adds it
+back in the next addition. For weights, the sum is the 16-bit weight and the additions are the
+optimizer's updates. The true weight is then `weight + compensation`, two 16-bit numbers that
+together carry about twice the mantissa bits of one (for BF16, about as many as FP32's 24), at
+4 bytes instead of a 16-bit weight plus an FP32 master's 6. This is what optimi's `kahan_sum`
+and AnyPrecisionAdamW do.
+
+Unlike stochastic rounding it is deterministic: nothing is lost on average *or* per step, as
+long as the compensation itself is not too small for its format.
+"""
+from __future__ import annotations
+
+import torch
+
+from mpcourse.stochastic import LowPrecisionWeightOptimizer
+
+
+def compensated_add(weight: torch.Tensor, compensation: torch.Tensor,
+                    update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight + compensation) + update, returned again as a 16-bit weight and its compensation.
+
+    The sum is formed in FP32, rounded to nearest into the weight's dtype, and what that rounding
+    lost becomes the new compensation (itself rounded to the compensation's dtype).
+    """
+    exact = weight.float() + compensation.float() + update.float()
+    return split(exact, weight.dtype, compensation.dtype)
+
+
+def split(exact: torch.Tensor, weight_dtype: torch.dtype,
+          compensation_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 `exact` as a rounded weight plus the compensation that rounding lost."""
+    weight = exact.to(weight_dtype)
+    return weight, (exact - weight.float()).to(compensation_dtype)
+
+
+class KahanOptimizer(LowPrecisionWeightOptimizer):
+    """Any optimizer on 16-bit weights, each with a 16-bit compensation buffer.
+
+    `KahanOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)`: the inner optimizer
+    updates `weight + compensation` in FP32; the result is split back into a weight rounded to
+    nearest and the compensation (`state[weight]["compensation"]`, in the weight's dtype).
+    """
+
+    def new_weight_state(self, working: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"compensation": torch.zeros_like(working)}
+
+    def exact_weight(self, working: torch.Tensor) -> torch.Tensor:
+        return working.float() + self.weight_state[working]["compensation"].float()
+
+    def store(self, working: torch.Tensor, exact: torch.Tensor) -> None:
+        compensation = self.weight_state[working]["compensation"]
+        weight, lost = split(exact, working.dtype, compensation.dtype)
+        working.copy_(weight)
+        compensation.copy_(lost)

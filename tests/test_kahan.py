@@ -1,0 +1,77 @@
+"""Kahan-compensated 16-bit weights against float64 sums and FP32 master weights."""
+import pytest
+import torch
+
+from mpcourse.kahan import KahanOptimizer, compensated_add, split
+from mpcourse.master import MasterWeightOptimizer
+
+
+def test_split_is_exact_when_the_lost_part_fits_the_compensation():
+    exact = torch.tensor([1.0 + 2**-10, 3.0 + 2**-12, -0.5 - 2**-14])
+    weight, compensation = split(exact, torch.bfloat16, torch.bfloat16)
+    assert weight.dtype == compensation.dtype == torch.bfloat16
+    assert torch.equal(weight, exact.bfloat16()), "the weight is the nearest bf16 value"
+    assert torch.equal(weight.float() + compensation.float(), exact)
+
+
+def test_ten_thousand_small_additions_match_float64_where_plain_bf16_loses_them_all():
+    update = torch.tensor([1e-4, -3e-5, 2.5e-4])
+    weight = torch.ones(3, dtype=torch.bfloat16)
+    plain = weight.clone()
+    compensation = torch.zeros_like(weight)
+    for _ in range(10_000):
+        weight, compensation = compensated_add(weight, compensation, update)
+        plain = plain + update.bfloat16()
+    exact = 1.0 + 10_000 * update.double()
+    assert torch.equal(plain, torch.ones(3, dtype=torch.bfloat16)), "each addition rounds away"
+    carried = weight.double() + compensation.double()
+    # The compensation is below half the weight's gap (2**-8 in [1, 2), 2**-7 in [2, 4)) and is
+    # itself rounded to bf16 each step, losing up to 2**-9 of it: at most 2**-17 or 2**-16 a step.
+    gap = 2.0 ** (torch.floor(torch.log2(torch.maximum(carried, exact))) - 7)
+    assert ((carried - exact).abs() <= 10_000 * gap * 2**-10).all()
+    assert ((carried - exact).abs() <= 0.03 * (exact - 1).abs()).all(), "97% of the sum is kept"
+    assert torch.equal(weight, carried.float().bfloat16()), "the weight is the sum rounded"
+
+
+def test_kahan_optimizer_tracks_fp32_masters():
+    g = torch.Generator().manual_seed(0)
+    start = (torch.randn(512, generator=g)).bfloat16()
+    grads = [(torch.randn(512, generator=g) * 1e-2).bfloat16() for _ in range(200)]
+    weights = {}
+    for name, wrapper in (("kahan", KahanOptimizer), ("master", MasterWeightOptimizer)):
+        weight = torch.nn.Parameter(start.clone())
+        optimizer = wrapper([weight], torch.optim.AdamW, lr=1e-3, weight_decay=0.0)
+        for grad in grads:
+            optimizer.zero_grad()
+            (weight * grad).sum().backward()  # the gradient is `grad`, reaching masters by hook
+            optimizer.step()
+        weights[name] = (weight, optimizer)
+    kahan_weight, kahan = weights["kahan"]
+    master = weights["master"][1].master_parameters()[0].detach()
+    carried = kahan_weight.float() + kahan.state[kahan_weight]["compensation"].float()
+    kahan_weight = kahan_weight.detach()
+    # Each step rounds the compensation (below half the weight's gap) to bf16: at most
+    # 2**-9 * 2**-8 of the weight's power of two per step, over 200 steps.
+    power = 2.0 ** torch.floor(torch.log2(master.abs()))
+    error = (carried.detach() - master).abs()
+    assert (error <= 200 * power * 2**-17).all()
+    assert (kahan_weight == master.bfloat16()).float().mean() > 0.99
+    assert not torch.equal(kahan_weight, start), "the small AdamW steps were kept"
+
+
+def test_state_dict_round_trip_restores_the_compensation():
+    weight = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    optimizer = KahanOptimizer([weight], torch.optim.SGD, lr=1e-3)
+    weight.grad = torch.full((4,), 0.1, dtype=torch.bfloat16)
+    optimizer.step()
+    saved = optimizer.state_dict()
+    compensation = optimizer.state[weight]["compensation"].clone()
+    assert compensation.abs().sum() > 0
+    optimizer.state[weight]["compensation"].zero_()
+    optimizer.load_state_dict(saved)
+    assert torch.equal(optimizer.state[weight]["compensation"], compensation)
+
+
+def test_rejects_fp32_weights():
+    with pytest.raises(ValueError, match="16-bit weights"):
+        KahanOptimizer([torch.nn.Parameter(torch.ones(2))], torch.optim.SGD, lr=1)
