@@ -1,22 +1,24 @@
 """Autocast from scratch: a per-op casting policy that makes the same choices as torch.autocast.
 
 `torch.autocast` does not convert a model. It intercepts each operation and looks the op up in a
-table: matmul-like ops run in a lower-precision dtype (`lower_precision`), ops whose results suffer
-from rounding or overflow run in float32 (`fp32`), and ops that combine several tensors run in the
-widest floating dtype among their inputs (`promote`). Everything else runs in whatever dtype its
-inputs already have. The tables differ between devices, and the installed torch registers them as
-dispatcher kernels under the keys `AutocastCPU` and `AutocastCUDA`.
+table (`mpcourse.autocast_policy`): matmul-like ops run in a lower-precision dtype, ops that lose
+accuracy in 16 bits run in float32, ops that combine tensors run in the widest dtype among them,
+and everything else runs in the dtype its inputs already have.
 
-This module writes those tables out (`policy_for`), checks them against the dispatcher
-(`registered_ops`), explains one op's entry (`explain`) and applies them in Python
-(`autocast`, a `torch.overrides.TorchFunctionMode`). Casting in Python, above autograd, is exactly
-what torch does in C++: the casts are recorded by autograd, so backward runs each op in the dtype
-its forward used, and gradients reach float32 parameters in float32.
+`autocast` applies that table in Python, as a `torch.overrides.TorchFunctionMode`. Casting in
+Python, above autograd, is exactly what torch does in C++: the casts are recorded by autograd, so
+backward runs each op in the dtype its forward used, and gradients reach float32 parameters in
+float32.
 
 Where it can differ from torch: the mode decides per Python-visible call, while torch decides per
-dispatcher call. Ops that torch rewrites in C++ into a listed op are mapped in `RUNS_AS` by their
-usual rewrite (so an `einsum` that only sums, with no `bmm` inside, is cast although torch would
-not cast it), and the weight cache is keyed by dtype as well as by tensor (see `_State`).
+dispatcher call, including the calls that C++ code makes inside another op. `dispatched_as` maps
+the rewrites that decide a dtype (einsum to bmm when it contracts, reflect/replicate padding to
+their pad kernels, LSTM and RNN on float32 CPU input to oneDNN's `mkldnn_rnn_layer`). What stays
+invisible are the matmuls inside C++ composites without a table entry of their own: `gru`,
+`lstm_cell`, `gru_cell`, `rnn_tanh_cell`, `bilinear` and the RNNs when oneDNN is off or the input is
+already 16-bit. torch casts those inner matmuls, the mode cannot: the output dtype agrees, the
+values differ by about the 16-bit rounding (1e-3 to 1e-2). The weight cache is keyed by dtype as
+well as by tensor (see `_State`).
 """
 from __future__ import annotations
 
@@ -27,235 +29,21 @@ import threading
 import types
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-LOWER_PRECISION = "lower_precision"
-FP32 = "fp32"
-PROMOTE = "promote"
-CATEGORIES = (LOWER_PRECISION, FP32, PROMOTE)
-DEVICE_TYPES = ("cpu", "cuda")
-DISPATCH_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
+from mpcourse.autocast_policy import (CATEGORIES, CHECKS_DTYPES_FIRST, FP32, LOWER_PRECISION,
+                                      PROMOTE, RUNS_AS, AutocastPolicy, Explanation,
+                                      dispatched_as, explain, policy_for, registered_ops, _short)
 
-# The tables of torch 2.13, as registered in aten/src/ATen/autocast_mode.cpp (CPU) and the
-# AT_FORALL_* lists of aten/src/ATen/autocast_mode.h (CUDA). Names are aten schema names with
-# their overload. tests/test_autocast.py keeps them equal to the installed torch's registrations.
-_CPU = {
-    LOWER_PRECISION: """
-        conv1d conv1d.padding conv2d conv2d.padding conv3d conv3d.padding bmm mm linalg_vecdot
-        baddbmm addmm _addmm_activation addbmm linear _convolution.deprecated matmul conv_tbc
-        mkldnn_rnn_layer conv_transpose1d conv_transpose2d.input conv_transpose3d.input prelu
-        scaled_dot_product_attention _native_multi_head_attention""",
-    FP32: """
-        avg_pool3d binary_cross_entropy grid_sampler polar prod prod.dim_int quantile
-        quantile.scalar nanquantile nanquantile.scalar stft stft.center cdist grid_sampler_2d
-        _grid_sampler_2d_cpu_fallback grid_sampler_3d trace view_as_complex cholesky
-        cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d
-        max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d
-        replication_pad1d replication_pad2d replication_pad3d mse_loss cosine_embedding_loss
-        nll_loss nll_loss2d hinge_embedding_loss poisson_nll_loss smooth_l1_loss cross_entropy_loss
-        l1_loss huber_loss margin_ranking_loss soft_margin_loss triplet_margin_loss
-        multi_margin_loss ctc_loss.IntList ctc_loss.Tensor kl_div multilabel_margin_loss
-        binary_cross_entropy_with_logits fft_fft fft_ifft fft_fft2 fft_ifft2 fft_fftn fft_ifftn
-        fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn fft_irfftn fft_hfft fft_ihfft linalg_cond
-        linalg_cond.p_str linalg_matrix_rank linalg_matrix_rank.tol_tensor
-        linalg_matrix_rank.atol_rtol_tensor linalg_matrix_rank.atol_rtol_float linalg_solve
-        linalg_cholesky linalg_svdvals linalg_eigvals linalg_eigvalsh linalg_inv
-        linalg_householder_product linalg_tensorinv linalg_tensorsolve
-        fake_quantize_per_tensor_affine geqrf _lu_with_info qr svd triangular_solve
-        fractional_max_pool2d fractional_max_pool3d adaptive_max_pool3d
-        multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex linalg_svd linalg_eig
-        linalg_eigh linalg_lstsq linalg_inv_ex""",
-    PROMOTE: "stack cat index_copy",
-}
-_CUDA = {
-    LOWER_PRECISION: """
-        _convolution.deprecated _convolution conv1d conv2d conv3d conv_tbc conv_transpose1d
-        conv_transpose2d.input conv_transpose3d.input convolution prelu addmm addmv addr matmul
-        einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul linalg_multi_dot
-        _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
-        _scaled_dot_product_flash_attention scaled_dot_product_attention cudnn_convolution
-        cudnn_convolution_transpose""",
-    FP32: """
-        acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan
-        pow.Tensor_Scalar pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm
-        rms_norm group_norm frobenius_norm.dim nuclear_norm nuclear_norm.dim cosine_similarity
-        poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss kl_div
-        l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss
-        soft_margin_loss triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits
-        dist pdist cdist renorm logsumexp upsample_nearest1d _upsample_nearest_exact1d
-        upsample_nearest2d _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d
-        upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d
-        upsample_bicubic2d _upsample_bicubic2d_aa
-        prod prod.dim_int softmax.int log_softmax.int cumprod cumsum linalg_vector_norm
-        linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList
-        norm.Scalar norm.ScalarOpt_dim""",
-    PROMOTE: "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add",
-}
-# On CUDA these fp32 ops get their `dtype=` argument set to float32 instead of a cast of their input
-# (same result dtype, no extra copy); norm is redispatched to its dtype-taking overload.
-_CUDA_FP32_BY_DTYPE_ARGUMENT = frozenset(
-    "prod cumprod cumsum softmax log_softmax linalg_vector_norm linalg_matrix_norm sum norm".split())
-_CUDA_BANNED = {"binary_cross_entropy": (
-    "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast: use "
-    "binary_cross_entropy_with_logits or torch.nn.BCEWithLogitsLoss, which fuse the sigmoid and "
-    "are safe to autocast.")}
+__all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "policy_for",
+           "registered_ops", "explain", "dispatched_as", "AutocastPolicy", "Explanation",
+           "CATEGORIES", "LOWER_PRECISION", "FP32", "PROMOTE", "RUNS_AS"]
 
-# Ops without an autocast kernel of their own that torch decomposes in C++ into one that has one:
-# the policy of the inner op decides their dtype. (A TorchFunctionMode sees only the outer call.)
-RUNS_AS = {
-    "einsum": "bmm", "tensordot": "mm", "inner": "mm", "chain_matmul": "mm",
-    "linalg_multi_dot": "mm", "linalg_matmul": "matmul", "nll_loss_nd": "nll_loss",
-    "cross_entropy_loss": "nll_loss", "linalg_norm": "linalg_vector_norm",
-}
-# Of those, the ones that insist their inputs share one dtype before reaching the inner op:
-# given mixed dtypes they fail under torch.autocast too, so they are left uncast.
-CHECKS_DTYPES_FIRST = frozenset({"tensordot", "inner", "chain_matmul", "linalg_multi_dot"})
 _TENSOR_DUNDERS = {"__matmul__": "matmul"}
-
-_REASONS = {
-    LOWER_PRECISION: ("its floating-point inputs are cast to the autocast dtype ({dtype}) before it "
-                      "runs: matmuls and convolutions are where low precision buys speed, and their "
-                      "kernels accumulate the many products in float32 anyway"),
-    FP32: ("its floating-point inputs are cast to float32: {what} lose accuracy or overflow in 16 "
-           "bits (exp, log and pow stretch rounding errors, sums and norms accumulate them, "
-           "losses feed every gradient)"),
-    PROMOTE: ("it runs in the widest floating dtype among its inputs (float32 if any input is "
-              "float32, else the autocast dtype): it combines several tensors, which must share "
-              "one dtype"),
-}
-
-
-def _names(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-@dataclass(frozen=True)
-class AutocastPolicy:
-    """One device's autocast table: which category each registered aten op belongs to."""
-    device_type: str
-    default_dtype: torch.dtype
-    accepted_dtypes: tuple[torch.dtype, ...]
-    categories: dict[str, str]
-    banned: dict[str, str] = field(default_factory=dict)
-    _by_base_name: dict[str, str] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        by_base = {name.split(".")[0]: category for name, category in self.categories.items()}
-        object.__setattr__(self, "_by_base_name", by_base)
-
-    def category(self, op_name: str) -> str | None:
-        """"lower_precision", "fp32", "promote", or None when `op_name` has no autocast kernel.
-
-        Accepts "aten::softmax.int", "softmax.int" or "softmax" (any overload of that name).
-        """
-        name = _strip_namespace(op_name)
-        return self.categories.get(name) or self._by_base_name.get(name.split(".")[0])
-
-    def ops(self, category: str) -> list[str]:
-        """The registered op names (with overload) in `category`, sorted."""
-        if category not in CATEGORIES:
-            raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
-        return sorted(n for n, c in self.categories.items() if c == category)
-
-    def registered(self) -> frozenset[str]:
-        """Every op name this table gives an autocast kernel to (banned ops included)."""
-        return frozenset(self.categories) | frozenset(self.banned)
-
-
-def _table(lists: dict[str, str]) -> dict[str, str]:
-    return {name: category for category, text in lists.items() for name in _names(text)}
-
-
-_POLICIES = {
-    "cpu": AutocastPolicy("cpu", torch.bfloat16, (torch.bfloat16, torch.float16), _table(_CPU)),
-    "cuda": AutocastPolicy("cuda", torch.float16, (torch.float16, torch.bfloat16), _table(_CUDA),
-                           banned=dict(_CUDA_BANNED)),
-}
-
-
-def _check_device_type(device_type: Any) -> str:
-    if not isinstance(device_type, str):
-        raise ValueError(f"device_type must be a str such as 'cpu' or 'cuda', got {device_type!r}")
-    if device_type not in DEVICE_TYPES:
-        raise ValueError(f"unsupported autocast device_type {device_type!r}: mpcourse models "
-                         f"the tables of {DEVICE_TYPES}")
-    return device_type
-
-
-def policy_for(device_type: str) -> AutocastPolicy:
-    """The autocast table of "cpu" or "cuda" for the torch version this course pins (2.13)."""
-    return _POLICIES[_check_device_type(device_type)]
-
-
-def registered_ops(device_type: str) -> frozenset[str]:
-    """The op names the installed torch's dispatcher has an autocast kernel for on this device."""
-    key = DISPATCH_KEYS[_check_device_type(device_type)]
-    return frozenset(_strip_namespace(n)
-                     for n in torch._C._dispatch_get_registrations_for_dispatch_key(key))
-
-
-def _strip_namespace(op_name: str) -> str:
-    if not isinstance(op_name, str) or not op_name:
-        raise ValueError(f"op_name must be a non-empty str such as 'mm' or 'aten::mm', got {op_name!r}")
-    return op_name.removeprefix("aten::")
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What autocast does with one op on one device, and why."""
-    op: str
-    device_type: str
-    category: str | None
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
-
-
-def explain(op_name: str, device_type: str) -> Explanation:
-    """The category of `op_name` under `device_type` autocast and the reason for it."""
-    policy = policy_for(device_type)
-    name = _strip_namespace(op_name)
-    base = name.split(".")[0]
-    key = DISPATCH_KEYS[device_type]
-    category = policy.category(name)
-    if base in policy.banned:
-        return Explanation(name, device_type, None,
-                           f"aten::{base} is banned under {key}: calling it raises. {policy.banned[base]}")
-    if category is not None:
-        what = "reductions such as this" if base in _CUDA_FP32_BY_DTYPE_ARGUMENT else "ops like this"
-        reason = _REASONS[category].format(dtype=_short(policy.default_dtype) + " by default",
-                                           what=what)
-        how = ""
-        if device_type == "cuda" and base in _CUDA_FP32_BY_DTYPE_ARGUMENT:
-            how = " (torch does it by setting the op's dtype argument to float32, not by a copy)"
-        return Explanation(name, device_type, category,
-                           f"aten::{name} has an {key} kernel in the {category} category: {reason}{how}.")
-    inner = RUNS_AS.get(base)
-    if inner is not None and policy.category(inner) is not None:
-        inner_category = policy.category(inner)
-        return Explanation(name, device_type, None,
-                           f"aten::{base} has no {key} kernel of its own, but torch decomposes it "
-                           f"in C++ into aten::{inner}, which is {inner_category}; so in practice it "
-                           f"runs as {inner_category}.")
-    elsewhere = [d for d in DEVICE_TYPES if d != device_type and policy_for(d).category(base)]
-    note = "".join(f" (under {d} autocast it is {policy_for(d).category(base)})" for d in elsewhere)
-    return Explanation(name, device_type, None,
-                       f"aten::{base} has no {key} kernel: it runs in the dtype its inputs already "
-                       f"have, by ordinary type promotion, so after a {_short(policy.default_dtype)} "
-                       f"matmul it computes in {_short(policy.default_dtype)}{note}.")
-
-
-_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-          torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
-
-
-def _short(dtype: torch.dtype | None) -> str:
-    return "-" if dtype is None else _SHORT.get(dtype, str(dtype).removeprefix("torch."))
 
 
 @dataclass(frozen=True)
@@ -498,10 +286,11 @@ class _PolicyMode(TorchFunctionMode):
             raise RuntimeError(policy.banned[name])
         category = policy.category(name) if name else None
         inputs = _tensors(args) + _tensors(kwargs.values())
-        if category is None and name in RUNS_AS:
-            category = policy.category(RUNS_AS[name])
-            if name in CHECKS_DTYPES_FIRST and _mixed(inputs, policy.device_type):
-                category = None
+        if category is None and name:
+            inner = dispatched_as(name, args, kwargs)
+            if inner != name and not (name in CHECKS_DTYPES_FIRST
+                                      and _mixed(inputs, policy.device_type)):
+                category = policy.category(inner)
         input_dtypes = tuple(t.dtype for t in inputs)
         casts: list[Cast] = []
         if category is not None and "out" not in kwargs:  # out= variants are not autocast

@@ -1,4 +1,5 @@
 """mpcourse.autocast against torch.autocast: the tables, the dtypes, the values, the casts."""
+import copy
 import re
 import subprocess
 from collections import Counter
@@ -224,6 +225,151 @@ def test_promote_special_cases_match_torch(low):
         theirs = _run(torch.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
         ours = _run(mpcourse.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
         _assert_same(ours, theirs, low, f"cat, {label}")
+
+
+# Calls whose autocast entry torch finds only after a rewrite in C++ (issue 17).
+EINSUMS = ["ij->j", "ii->i", "ij,ij->ij", "i,j->ij", "ij->ji", "ij,jk->ik", "i,i->", "ij,ij->",
+           "bij,bjk->bik", "ij,jk", "...ij,...jk->...ik", "...ij,...ij->...", "ij,jk,kl->il",
+           "ij,j->i", "ii", "ij,ik->ijk"]
+SHAPES = {"i": 4, "j": 4, "k": 3, "l": 2, "b": 2}
+
+
+def _einsum_case(equation):
+    terms = equation.split("->")[0].split(",")
+    shape = lambda term: [2] * ("..." in term) + [SHAPES[c] for c in term.replace("...", "")]  # noqa: E731
+    return (lambda: [_t(*shape(term)) for term in terms],
+            lambda *ops: torch.einsum(equation, *ops))
+
+
+REWRITTEN = {
+    **{f"einsum {eq}": _einsum_case(eq) for eq in EINSUMS},
+    "einsum sublists": (lambda: [_t(3, 4), _t(4, 5)],
+                        lambda a, b: torch.einsum(a, [0, 1], b, [1, 2], [0, 2])),
+    "einsum sublists, no contraction": (lambda: [_t(3, 4), _t(3, 4)],
+                                        lambda a, b: torch.einsum(a, [0, 1], b, [0, 1], [0, 1])),
+    "einsum operand list": (lambda: [_t(3, 4), _t(4, 5)],
+                            lambda a, b: torch.einsum("ij,jk->ik", [a, b])),
+    "pad reflect 1d": (lambda: [_t(2, 3, 6)], lambda x: F.pad(x, (2, 1), mode="reflect")),
+    "pad reflect 2d": (lambda: [_t(2, 3, 6, 6)], lambda x: F.pad(x, (1, 1, 2, 0), "reflect")),
+    "pad reflect 3d": (lambda: [_t(1, 2, 4, 4, 4)], lambda x: F.pad(x, (1,) * 6, mode="reflect")),
+    "pad replicate 1d": (lambda: [_t(2, 3, 6)], lambda x: F.pad(x, (2, 1), mode="replicate")),
+    "pad replicate 2d": (lambda: [_t(2, 3, 6, 6)], lambda x: F.pad(x, (1, 1, 1, 1), "replicate")),
+    "pad replicate 3d": (lambda: [_t(1, 2, 4, 4, 4)], lambda x: F.pad(x, (1,) * 6, "replicate")),
+    "pad circular": (lambda: [_t(2, 3, 6)], lambda x: F.pad(x, (2, 1), mode="circular")),
+    "pad constant": (lambda: [_t(2, 3, 6)], lambda x: F.pad(x, (2, 1), value=0.5)),
+    "ReflectionPad2d": (lambda: [_t(2, 3, 6, 6)], nn.ReflectionPad2d(2)),
+    "ReflectionPad1d": (lambda: [_t(2, 3, 6)], nn.ReflectionPad1d((1, 2))),
+    "ReplicationPad3d": (lambda: [_t(1, 2, 4, 4, 4)], nn.ReplicationPad3d(1)),
+    "ZeroPad2d": (lambda: [_t(2, 3, 6, 6)], nn.ZeroPad2d(1)),
+}
+
+
+@pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(REWRITTEN))
+def test_calls_rewritten_in_cpp_match_torch_autocast(name, low):
+    make, fn = REWRITTEN[name]
+    torch.manual_seed(0)
+    for variant, inputs in _variants(make, low):
+        theirs = _run(torch.autocast("cpu", dtype=low), fn, inputs)
+        ours = _run(mpcourse.autocast("cpu", dtype=low), fn, inputs)
+        _assert_same(ours, theirs, low, f"{name} on {variant} inputs under {low}")
+
+
+def test_the_rewrite_cases_include_both_outcomes():
+    """Each rewrite is exercised both where torch casts and where it does not."""
+    with torch.autocast("cpu"):
+        dtypes = {name: fn(*make()).dtype for name, (make, fn) in REWRITTEN.items()}
+    assert dtypes["einsum ij,jk->ik"] == torch.bfloat16
+    assert dtypes["einsum ij,ij->ij"] == dtypes["einsum ii->i"] == torch.float32
+    x = torch.randn(2, 3, 6, 6).bfloat16()
+    with torch.autocast("cpu"):
+        assert F.pad(x, (1, 1, 1, 1), mode="reflect").dtype == torch.float32
+        assert F.pad(x, (1, 1, 1, 1), mode="circular").dtype == torch.bfloat16
+
+
+def _rnn_run(region, module, x):
+    with region:
+        try:
+            output = module(x)
+        except RuntimeError as error:  # oneDNN lacks a 16-bit RNN kernel on some CPUs
+            return error
+    out, hidden = output
+    (out.float().sum() + sum(h.float().sum() for h in
+                             (hidden if isinstance(hidden, tuple) else (hidden,)))).backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad()
+    return out, hidden, grads
+
+
+RNNS = {"LSTM": lambda: nn.LSTM(4, 6, num_layers=2, bidirectional=True),
+        "RNN tanh": lambda: nn.RNN(4, 6, num_layers=2),
+        "RNN relu batch_first": lambda: nn.RNN(4, 6, nonlinearity="relu", batch_first=True)}
+
+
+@pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(RNNS))
+def test_rnns_on_fp32_cpu_input_run_as_onednn_in_the_autocast_dtype(name, low):
+    """torch rewrites LSTM/RNN into mkldnn_rnn_layer, a lower_precision op: everything 16-bit.
+
+    The reference is that rule written out: the same RNN call on 16-bit copies of the input, the
+    initial state and the weights. Where this CPU has oneDNN's 16-bit RNN kernel, torch.autocast
+    runs, and must agree; where it has none, torch.autocast raises and ours still runs.
+    """
+    torch.manual_seed(0)
+    module, x = RNNS[name](), torch.randn(5, 3, 4)
+    ours = _rnn_run(mpcourse.autocast("cpu", dtype=low), module, x)
+    assert ours[0].dtype == low and all(g.dtype == torch.float32 for g in ours[2])
+    by_hand = copy.deepcopy(module).to(low)
+    expected, _ = by_hand(x.to(low))
+    assert torch.equal(ours[0], expected), "not the RNN run on 16-bit copies"
+    theirs = _rnn_run(torch.autocast("cpu", dtype=low), module, x)
+    if not isinstance(theirs, Exception):
+        tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3}[low]
+        assert theirs[0].dtype == low
+        torch.testing.assert_close(ours[0], theirs[0], rtol=tol, atol=tol)
+        for a, b in zip(ours[2], theirs[2]):
+            torch.testing.assert_close(a, b, rtol=5 * tol, atol=5 * tol)
+
+
+def test_rnns_without_onednn_stay_in_their_input_dtype_like_torch():
+    torch.manual_seed(0)
+    module, x = nn.LSTM(4, 6), torch.randn(5, 3, 4)
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)  # (mkldnn.flags() would also warn about Intel GPUs)
+    try:
+        ours = _rnn_run(mpcourse.autocast("cpu"), module, x)
+        theirs = _rnn_run(torch.autocast("cpu"), module, x)
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+    assert ours[0].dtype == theirs[0].dtype == torch.float32
+    packed = nn.utils.rnn.pack_padded_sequence(x, [5, 4, 2])
+    with torch.autocast("cpu"):
+        theirs = module(packed)[0].data.dtype
+    with mpcourse.autocast("cpu"):
+        assert module(packed)[0].data.dtype == theirs
+
+
+COMPOSITES = {  # C++ composites whose inner matmuls torch casts and a TorchFunctionMode cannot
+    "GRU": (lambda: nn.GRU(4, 6), lambda m, x: m(x)[0]),
+    "LSTMCell": (lambda: nn.LSTMCell(4, 6), lambda m, x: m(x[0])[0]),
+    "GRUCell": (lambda: nn.GRUCell(4, 6), lambda m, x: m(x[0])),
+    "Bilinear": (lambda: nn.Bilinear(4, 4, 3), lambda m, x: m(x[0], x[1])),
+}
+
+
+@pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(COMPOSITES))
+def test_limit_composites_agree_in_dtype_and_differ_by_16_bit_rounding(name, low):
+    """A documented limit (mpcourse.autocast's docstring, lesson 03): same dtype, close values."""
+    make, call = COMPOSITES[name]
+    torch.manual_seed(0)
+    module, x = make(), torch.randn(5, 3, 4)
+    with torch.autocast("cpu", dtype=low):
+        theirs = call(module, x)
+    with mpcourse.autocast("cpu", dtype=low):
+        ours = call(module, x)
+    assert ours.dtype == theirs.dtype
+    torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-2)
 
 
 def test_ineligible_inputs_and_out_variants_are_left_alone():
