@@ -137,7 +137,7 @@ def case_01_scale_collapse(steps: int = 180) -> Case:
         evidence=(f"scale 2**16 -> 0 at step {first_zero}, {broken['skipped_steps']}/{steps} "
                   f"steps skipped; with zero_grad: scale {fixed['scales'][-1]:g}, "
                   f"{fixed['skipped_steps']} skipped, loss {fixed['losses'][0]:.0f} -> "
-                  f"{fixed['losses'][-1]:.1f}"))
+                  f"{fixed['losses'][-1]:.0f}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -889,9 +889,13 @@ CASES = (case_01_scale_collapse, case_02_fp16_overflow, case_03_attention_mask_o
 
 
 def run_all(**case_08_kwargs: Any) -> list[Case]:
-    """Every case, in order (keyword arguments go to case 8, the one that times things)."""
+    """Every case, in order (keyword arguments go to case 8, the one that times things).
+
+    Cases 13 to 17 live in `mpcourse.clinic_more`, which builds on this module's `Case`.
+    """
+    from mpcourse.clinic_more import CASES as MORE_CASES
     return [case(**case_08_kwargs) if case is case_08_cpu_autocast_slowdown else case()
-            for case in CASES]
+            for case in CASES + MORE_CASES]
 
 
 def table(cases: list[Case]) -> str:

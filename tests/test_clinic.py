@@ -26,8 +26,8 @@ def cases():
         torch.set_num_threads(threads)
 
 
-def test_run_all_gives_the_twelve_cases_in_order(cases):
-    assert sorted(cases) == list(range(1, 13))
+def test_run_all_gives_the_seventeen_cases_in_order(cases):
+    assert sorted(cases) == list(range(1, 18))
     for number, case in cases.items():
         assert isinstance(case, clinic.Case) and case.number == number
         assert case.symptom and case.cause and case.fix and case.references and case.evidence
@@ -232,10 +232,67 @@ def test_case_12_old_namespaces_warn_and_torch_amp_does_not(cases):
         assert sum("CUDA is not available" in m for m in before["other_messages"]) == 2
 
 
+def test_case_13_scheduler_steps_only_with_the_optimizer(cases):
+    before, after = cases[13].before, cases[13].after
+    assert before["skipped_steps"] == after["skipped_steps"] > 0, "the same overflows happen"
+    assert len(before["warnings"]) == 1 and "before `optimizer.step()`" in before["warnings"][0]
+    assert before["scheduler_steps"] == 20 > before["optimizer_steps"]
+    # Warm-up lr = 1e-3 * (k + 1) / 10 after k scheduler steps: the first step taken is one
+    # scheduler step per skip too far along in the broken loop, at the start in the fixed one.
+    assert before["lr_of_first_taken_step"] == pytest.approx(1e-3 * (before["skipped_steps"] + 1) / 10)
+    assert after["warnings"] == [] and after["lr_of_first_taken_step"] == pytest.approx(1e-4)
+    assert after["scheduler_steps"] == after["optimizer_steps"]
+
+
+def test_case_14_bf16_positions_collide_and_fp32_tables_do_not(cases):
+    before, after = cases[14].before, cases[14].after
+    bf16_positions = torch.arange(1024, dtype=torch.bfloat16)
+    assert before["position_257_in_bf16"] == 256.0 == torch.tensor(257.0).bfloat16().item()
+    # Integers are exact in bf16 up to 256, every 2nd up to 512, every 4th up to 1024.
+    assert before["distinct_positions"] == 257 + 128 + 128 == len(set(bf16_positions.tolist()))
+    assert before["rows_256_257_equal"] and before["distinct_cos_rows"] <= before["distinct_positions"]
+    assert before["max_cos_error"] > 1.0, "position 1023 is stored as 1024, a radian away"
+    assert not after["rows_256_257_equal"] and after["distinct_cos_rows"] == after["seq_len"]
+    assert after["max_cos_error"] <= 2**-8, "only the final cast to bf16 rounds: half a gap below 1"
+
+
+def test_case_15_fp16_adam_state_breaks_and_fp32_state_does_not(cases):
+    before, after = cases[15].before, cases[15].after
+    assert before["eps_in_fp16"] == 0.0 and 1e-8 < torch.finfo(torch.float16).smallest_normal * 2**-10
+    assert before["exp_avg_sq"][:2] == [0.0, 0.0], "0 and 1e-3**2 * 1e-3 = 1e-9 are both 0 in fp16"
+    assert before["exp_avg_sq"][3] == math.inf, "1e4**2 * 1e-3 = 1e5 > 65504"
+    nan, minus_inf, fine, stuck = before["weights_after_one_step"]
+    assert math.isnan(nan) and minus_inf == -math.inf and stuck == 0.0
+    assert fine == pytest.approx(-1e-3, rel=1e-3)
+    # Adam's first step is -lr * g / (|g| + eps): -lr for every non-zero gradient, 0 for g = 0.
+    assert after["exp_avg_sq_dtype"] == "torch.float32"
+    assert after["weights_after_one_step"][0] == 0.0
+    assert after["weights_after_one_step"][1:] == pytest.approx([-1e-3] * 3, rel=1e-3)
+
+
+def test_case_16_bf16_adam_stalls_without_underflow_and_masters_train(cases):
+    before, after = cases[16].before, cases[16].after
+    assert before["exp_avg_sq_dtype"] == "torch.bfloat16" and before["exp_avg_sq_zeros"] == 0
+    assert before["exp_avg_sq_min"] > 1e30 * torch.finfo(torch.bfloat16).tiny, "nowhere near underflow"
+    assert before["lr"] < before["bf16_half_gap_in_1_2"] == (neighbours(1.0, BF16)[1] - 1.0) / 2
+    assert before["moved_fraction"] == 0.0 and before["last_loss"] == before["first_loss"]
+    assert before["v_left_after_100_zero_steps_bf16"] > 0.99, "0.999's decay rounds away in bf16"
+    assert after["v_left_after_100_zero_steps_fp32"] == pytest.approx(0.999**100, rel=1e-5)
+    assert after["exp_avg_sq_dtype"] == "torch.float32"
+    assert after["moved_fraction"] > 0.5 and after["last_loss"] < 0.9 * after["first_loss"]
+
+
+def test_case_17_recompute_needs_the_forward_context(cases):
+    before, after = cases[17].before, cases[17].after
+    assert before["error"].startswith("CheckpointError: torch.utils.checkpoint: Recomputed values")
+    assert before["torch_autocast_is_replayed"], "torch.autocast itself is recorded and replayed"
+    assert after["error"] is None and after["grads_bitwise_equal_no_checkpoint"]
+
+
 def test_table_is_rendered_from_the_cases(cases):
     rendered = clinic.table(list(cases.values()))
     lines = rendered.splitlines()
-    assert lines[0].startswith("| # | symptom | cause | fix |") and len(lines) == 2 + 12
+    assert lines[0].startswith("| # | symptom | cause | fix |") and len(lines) == 2 + 17
     for case, line in zip(cases.values(), lines[2:]):
         assert line.startswith(f"| {case.number} |")
         assert clinic.escape_markdown(case.evidence) in line and clinic.escape_markdown(case.fix) in line
