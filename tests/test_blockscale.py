@@ -1,0 +1,176 @@
+"""Block scaling (per tensor, per row, tiles, blocks, MX, NVFP4) against the specs' rules and
+torch's and ml_dtypes' casts."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from mpcourse.blockscale import (AMAX_FLOOR, BLOCK_128x128, MXFP4, MXFP6_E2M3, MXFP8_E4M3,
+                                 MXFP8_E5M2, NVFP4, PER_ROW, PER_TENSOR, RECIPES, TILE_1x128,
+                                 BlockScaling, block_amax, fake_quantize, mx_scale, quantize,
+                                 snr_db)
+from mpcourse.formats import FP4_E2M1, FP8_E4M3, FP8_E8M0, FP32
+
+MX = (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP4)
+
+
+def spec_mx_scale(amax: float, emax_elem: int) -> float:
+    """OCP MX v1.0: X = 2**(floor(log2(amax)) - emax_elem), clamped to E8M0's 2**-127..2**127."""
+    if math.isnan(amax) or math.isinf(amax):
+        return math.nan
+    if amax == 0:
+        return 2.0**-127
+    return 2.0 ** min(max(math.floor(math.log2(amax)) - emax_elem, -127), 127)
+
+
+def activations(rows=256, cols=256, seed=0) -> torch.Tensor:
+    """Gaussian values with a few outlier columns, as in transformer activations."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g)
+    x[:, torch.randint(0, cols, (4,), generator=g)] *= 100
+    return x
+
+
+@pytest.mark.parametrize("recipe", MX, ids=lambda r: r.name)
+def test_mx_scale_is_the_spec_rule_and_an_exact_e8m0_value(recipe):
+    emax = {MXFP8_E4M3: 8, MXFP8_E5M2: 15, MXFP6_E2M3: 2, MXFP4: 2}[recipe]
+    g = torch.Generator().manual_seed(1)
+    amax = torch.cat([torch.rand(2000, generator=g) * 10.0 ** torch.randint(-44, 38, (2000,), generator=g),
+                      torch.tensor([0.0, 1e-45, 2.0**-130, 1.0, 448.0, 449.0, 3e38, math.inf, math.nan])])
+    got = mx_scale(amax, recipe.element)
+    expected = torch.tensor([spec_mx_scale(a, emax) for a in amax.tolist()])
+    assert torch.equal(got.isnan(), expected.isnan())
+    finite = ~expected.isnan()
+    assert torch.equal(got[finite], expected[finite])
+    assert torch.equal(got[finite].to(torch.float8_e8m0fnu).float(), got[finite])   # exact in E8M0
+
+
+@pytest.mark.parametrize("recipe", MX, ids=lambda r: r.name)
+def test_mx_elements_are_the_saturating_cast_of_x_over_the_block_scale(recipe):
+    x = activations(8, 128)
+    q = quantize(x, recipe)
+    assert q.scales.shape == (8, 4)
+    full = q.scales.repeat_interleave(32, 1)
+    scaled = (x / full).clamp(-recipe.element.max, recipe.element.max).numpy()
+    reference = {MXFP8_E4M3: ml_dtypes.float8_e4m3fn, MXFP8_E5M2: ml_dtypes.float8_e5m2,
+                 MXFP6_E2M3: ml_dtypes.float6_e2m3fn, MXFP4: ml_dtypes.float4_e2m1fn}[recipe]
+    expected = torch.from_numpy(scaled.astype(reference).astype(np.float32))
+    assert torch.equal(q.elements, expected)
+    assert torch.equal(q.dequantize(), expected * full)
+    # Saturation happens: the floor rule lets amax / X reach up to 2**(emax + 1) > element.max.
+    assert q.elements.abs().max() == recipe.element.max
+
+
+def test_current_scaling_per_tensor_and_tiles_cast_x_over_amax_like_torch():
+    x = activations(4, 256)
+    for recipe, blocks in ((PER_TENSOR, x.abs().max().reshape(1, 1)),
+                           (TILE_1x128, x.abs().reshape(4, 2, 128).amax(2))):
+        q = quantize(x, recipe)
+        assert torch.equal(q.scales, blocks / 448.0)
+        full = q.scales.repeat_interleave(x.shape[1] // q.scales.shape[1], 1)
+        assert torch.equal(q.elements, (x / full).to(torch.float8_e4m3fn).float())
+        assert q.elements.abs().amax(1).max() == 448.0     # each block's amax lands on 448
+
+
+def test_per_row_scales_are_powers_of_two_that_keep_amax_in_range():
+    x = activations(64, 64) * 0.37
+    q = quantize(x, PER_ROW)
+    _, exponent = torch.frexp(q.scales)
+    assert torch.equal(q.scales, torch.ldexp(torch.full_like(q.scales, 0.5), exponent))   # powers of two
+    ratio = x.abs().amax(1, keepdim=True) / q.scales
+    assert ((ratio > 224) & (ratio <= 448)).all()
+    assert torch.equal(q.dequantize(), q.elements * q.scales)   # exact: power-of-two scales
+
+
+def test_128x128_blocks_have_one_scale_per_block():
+    x = activations(256, 384)
+    q = quantize(x, BLOCK_128x128)
+    assert q.scales.shape == (2, 3)
+    assert torch.equal(q.scales, x.abs().reshape(2, 128, 3, 128).amax((1, 3)) / 448.0)
+
+
+def test_nvfp4_has_an_fp32_tensor_scale_and_e4m3_block_scales():
+    x = activations(16, 64)
+    q = quantize(x, NVFP4)
+    assert q.tensor_scale == x.abs().max() / (448 * 6)
+    block_amax_ = x.abs().reshape(16, 4, 16).amax(2)
+    expected = (block_amax_ / 6 / q.tensor_scale).to(torch.float8_e4m3fn).float()
+    assert torch.equal(q.scales, expected)
+    full = (q.scales * q.tensor_scale).repeat_interleave(16, 1)
+    fp4 = torch.from_numpy((x / full).clamp(-6, 6).numpy().astype(ml_dtypes.float4_e2m1fn)
+                           .astype(np.float32))
+    assert torch.equal(q.elements, fp4)
+    assert torch.equal(q.dequantize(), fp4 * full)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.name)
+def test_an_all_zero_block_gets_a_finite_nonzero_scale_and_decodes_to_zero(recipe):
+    x = activations(128, 128)
+    x[:, :32] = 0.0
+    x[0] = 0.0
+    if recipe is PER_TENSOR or recipe is BLOCK_128x128:
+        x = torch.zeros(128, 128)
+    q = quantize(x, recipe)
+    assert q.scales.isfinite().all() and (q.scales > 0).all() or recipe is NVFP4
+    dequantized = q.dequantize()
+    assert dequantized.isfinite().all()
+    assert (dequantized[x == 0] == 0).all()
+
+
+def test_a_block_with_inf_or_nan_decodes_to_nan_and_spares_the_other_blocks():
+    x = activations(2, 64)
+    x[0, 3], x[1, 40] = math.inf, math.nan
+    q = quantize(x, MXFP8_E4M3)
+    assert q.scales[0, 0].isnan() and q.scales[1, 1].isnan()
+    out = q.dequantize()
+    assert out[0, :32].isnan().all() and out[1, 32:].isnan().all()
+    assert out[0, 32:].isfinite().all() and out[1, :32].isfinite().all()
+
+
+def test_delayed_scaling_uses_the_given_amax_and_saturates_what_grew():
+    x = activations(4, 64)
+    history_amax = x.abs().max() / 2        # last steps' amax: half of today's
+    q = quantize(x, PER_TENSOR, amax=history_amax.reshape(1, 1))
+    assert q.scales.item() == (history_amax / 448.0).item()
+    assert (q.elements.abs() == 448.0).sum() > 1       # values above the old amax saturate
+
+
+def test_finer_blocks_give_fp4_a_better_snr_on_rows_of_different_scales():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 256, generator=g) * torch.logspace(-3, 3, 64)[:, None]
+    snrs = [snr_db(x, BlockScaling(name, FP4_E2M1, block))
+            for name, block in (("tensor", (None, None)), ("row", (1, None)), ("32", (1, 32)),
+                                ("16", (1, 16)))]
+    assert snrs == sorted(snrs) and snrs[-1] - snrs[0] > 3
+
+
+def test_fake_quantize_keeps_shape_and_dtype_and_takes_leading_dimensions_as_rows():
+    x = activations(8, 64).reshape(2, 4, 64).bfloat16()
+    y = fake_quantize(x, MXFP8_E4M3)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert torch.equal(y.float().reshape(8, 64), quantize(x.float(), MXFP8_E4M3).dequantize().bfloat16().float())
+    assert block_amax(x.float().reshape(8, 64), MXFP4).shape == (8, 2)
+    assert AMAX_FLOOR == 1e-12
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block=(1, 32), scale_format=FP8_E8M0), "mx_floor rule goes with E8M0"),
+    (dict(block=(1, 32), rule="mx_floor"), "mx_floor rule goes with E8M0"),
+    (dict(block=(1, 32), rule="floor"), "unknown rule 'floor'"),
+    (dict(block=(1, 16), scale_format=FP8_E4M3), "need an FP32 tensor scale"),
+    (dict(block=(1, 0)), "positive integer or None"),
+    (dict(block=(1, 32), scale_format=FP4_E2M1), "fp32, fp8_e8m0 or fp8_e4m3, got fp4_e2m1"),
+])
+def test_block_scaling_rejects_impossible_recipes(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BlockScaling("bad", FP8_E4M3, **kwargs)
+
+
+def test_quantize_rejects_blocks_that_do_not_tile_the_tensor():
+    with pytest.raises(ValueError, match="blocks of 1x32 don't tile a 4x48 tensor"):
+        quantize(torch.ones(4, 48), MXFP8_E4M3)
+    with pytest.raises(ValueError, match="floating-point tensor"):
+        quantize(torch.ones(4, 32, dtype=torch.int32), MXFP8_E4M3)
+    assert FP32.name == "fp32"
