@@ -2,7 +2,7 @@
 
 mpcourse.autocast makes its casting decisions in Python, once per op call, so it costs some
 microseconds per op on top of the same kernels torch runs. On a model whose ops do real work that
-overhead should stay small: the target is a ratio of at most 1.5.
+overhead should stay small: the target is a ratio of at most 1.2 (issue 17).
 """
 import torch
 import torch.nn as nn
@@ -48,7 +48,7 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")
     print(f"bf16 on this machine: {report().precisions['bf16'].how}")
     print(result)
-    print(f"target ratio <= 1.5: {'met' if result.ratio <= 1.5 else 'NOT met'}")
+    print(f"target ratio <= 1.2: {'met' if result.ratio <= 1.2 else 'NOT met'}")
 
 
 if __name__ == "__main__":
