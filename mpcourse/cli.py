@@ -8,8 +8,18 @@ import sys
 
 def _doctor(args: argparse.Namespace) -> int:
     from mpcourse.hardware import format_report, report
+    from mpcourse.lab_size import lab_size
     print(format_report(report()))
+    print("\n" + _describe_lab_size(lab_size()))
     return 0
+
+
+def _describe_lab_size(size) -> str:
+    """Two lines: the lab's default size here, and why (the flags and the calibration)."""
+    c = size.config
+    return (f"The lab's size here (lesson 06, mpcourse train and compare): d_model {c.d_model}, "
+            f"{c.n_layers} layers, batch {c.batch_size} x {c.seq_len} tokens, {c.steps} steps\n"
+            f"  because: {size.reason}")
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -24,13 +34,9 @@ def _grade(args: argparse.Namespace) -> int:
     return grade_command(args)
 
 
-def _run_config(args: argparse.Namespace, precision: str):
-    """A RunConfig from the command line; sizes not given come from the lab's config for this device."""
+def _run_config(args: argparse.Namespace, precision: str, base):
+    """A RunConfig from the command line; sizes not given come from `base`, the lab's size."""
     import dataclasses
-    from mpcourse.hardware import scaled
-    from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG
-    base = scaled(cpu=LESSON_CPU_CONFIG, cuda=LESSON_CUDA_CONFIG) if args.device in ("auto", "cuda") \
-        else LESSON_CPU_CONFIG
     given = {name: getattr(args, name) for name in ("d_model", "n_layers", "n_heads", "batch_size",
                                                      "seq_len", "steps", "lr", "seed")
              if getattr(args, name) is not None}
@@ -53,9 +59,26 @@ def _progress(total: int, label: str, initial: int = 0):
     return bar, on_step
 
 
+def _lab_size(args: argparse.Namespace):
+    """The lab's size on the chosen device (measured once), and why, said on stderr; sets --threads."""
+    import torch
+    from mpcourse.lab_size import lab_size
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    size = lab_size(args.device)
+    print(_describe_lab_size(size), file=sys.stderr)
+    return size
+
+
 def _train(args: argparse.Namespace) -> int:
     from mpcourse.train import format_table, train
-    config = _run_config(args, args.precision)
+    try:
+        config = _run_config(args, args.precision, _lab_size(args).config)
+    except ValueError as error:
+        print(f"mpcourse train: error: {error}", file=sys.stderr)
+        return 2
     if args.nproc is not None:
         return _train_distributed(args, config)
     done = 0
@@ -102,19 +125,40 @@ def _compare(args: argparse.Namespace) -> int:
     import matplotlib
     matplotlib.use("Agg")
     from mpcourse.train import RunComparison, fit_to_hardware, train
-    results = []
-    for precision in args.precisions.split(","):
-        config = _run_config(args, precision.strip())
+    try:
+        base = _lab_size(args).config
+        configs = [_run_config(args, precision.strip(), base) for precision in args.precisions.split(",")]
         if args.time_limit > 0:
-            config = fit_to_hardware(config, seconds=args.time_limit)
+            configs = [fit_to_hardware(config, seconds=args.time_limit) for config in configs]
+    except ValueError as error:
+        print(f"mpcourse compare: error: {error}", file=sys.stderr)
+        return 2
+    results = []
+    for config in configs:
         bar, on_step = _progress(config.steps, config.label)
         results.append(train(config, [on_step]))
         bar.close()
     comparison = RunComparison(results)
-    print(comparison)
     comparison.plot().savefig(args.out, dpi=120, bbox_inches="tight")
-    print(f"loss curves saved to {args.out}")
+    if args.json:
+        import json
+        print(json.dumps({"runs": [run_record(r) for r in results]}, indent=2))
+        print(f"loss curves saved to {args.out}", file=sys.stderr)
+    else:
+        print(comparison)
+        print(f"loss curves saved to {args.out}")
     return 0
+
+
+def run_record(result) -> dict:
+    """One run as `mpcourse compare --json` prints it; a number that is not finite is null."""
+    import math
+
+    def number(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+    return {"precision": result.config.precision, "tokens_per_s": number(result.tokens_per_s),
+            "final_loss": number(result.final_loss), "eval_loss": number(result.eval_loss),
+            "peak_memory_bytes": result.peak_memory_bytes, "accelerated": result.accelerated}
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +176,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=kind, dest=dest, default=None,
                             help="default: the lab's value for this device")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's choice, one per core); 1 "
+                             "measures the arithmetic alone on a machine busy with other work")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="seconds allowed to a precision this device does not accelerate; "
                               "0 for no limit (default: %(default)s)")
     compare.add_argument("--out", default="loss_curves.png", help="PNG of the loss curves (default: %(default)s)")
+    compare.add_argument("--json", action="store_true",
+                         help='print {"runs": [{"precision", "tokens_per_s", "final_loss", "eval_loss", '
+                              '"peak_memory_bytes", "accelerated"}]} on stdout instead of the table')
     compare.set_defaults(handler=_compare)
     return parser
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -135,6 +136,65 @@ def cpu_flags() -> frozenset[str]:
                 found.add(flag)
         return frozenset(found)
     return frozenset()
+
+
+PROBE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class MatmulProbe:
+    """How long one `n`x`n` matmul took on this CPU in each precision (the fastest of a few runs).
+
+    The instruction-set flags say what the CPU *has*; only a measurement says whether torch's
+    kernels use it here (an environment variable such as `ONEDNN_MAX_CPU_ISA` can hide it).
+    """
+    n: int
+    seconds: dict[str, float]
+
+    def speedup(self, precision: str) -> float:
+        """How many times faster than fp32 this precision's matmul ran (below 1: slower)."""
+        if precision not in self.seconds:
+            raise ValueError(f"the probe did not time {precision!r}; it timed "
+                             + ", ".join(self.seconds))
+        return self.seconds["fp32"] / self.seconds[precision]
+
+
+def probe_matmuls(n: int = 256, repeats: int = 5, budget_s: float = 0.25) -> MatmulProbe:
+    """Time an `n`x`n` CPU matmul in fp32, bf16 and fp16: a calibration of about a second at most.
+
+    It runs on one thread, because it asks what the arithmetic does, not how well threads hand
+    work over (on a busy machine two threads can wait for each other and time 50x slower). Each
+    precision runs one untimed warm-up, then up to `repeats` timed runs or until `budget_s` has
+    passed, and keeps the fastest: other processes can only make a run slower, never faster.
+    """
+    if n < 1 or repeats < 1 or budget_s <= 0:
+        raise ValueError(f"need n >= 1, repeats >= 1 and budget_s > 0, got n={n}, "
+                         f"repeats={repeats}, budget_s={budget_s}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        a, b = torch.randn(2, n, n, generator=generator)
+        seconds = {}
+        for name, dtype in PROBE_DTYPES.items():
+            x, y = a.to(dtype), b.to(dtype)
+            x @ y  # warm-up: kernel selection, caches
+            times, spent = [], 0.0
+            while len(times) < repeats and spent < budget_s:
+                start = time.perf_counter()
+                x @ y
+                times.append(time.perf_counter() - start)
+                spent += times[-1]
+            seconds[name] = min(times)
+    finally:
+        torch.set_num_threads(threads)
+    return MatmulProbe(n, seconds)
+
+
+@lru_cache(maxsize=1)
+def measured_probe() -> MatmulProbe:
+    """This process's one calibration (`probe_matmuls`), measured on first use."""
+    return probe_matmuls()
 
 
 def _cpu_name() -> str:

@@ -12,8 +12,9 @@ from html import escape
 
 import ipywidgets as widgets
 
-from mpcourse.train import (LESSON_CPU_CONFIG, PRECISIONS, RunConfig, RunResult, StepInfo,
-                            fit_to_hardware, html_table, plot_losses, train)
+from mpcourse.lab_size import lab_size
+from mpcourse.train import (PRECISIONS, RunConfig, RunResult, StepInfo, fit_to_hardware,
+                            html_table, plot_losses, train)
 
 
 def config_from_controls(base: RunConfig, *, precision: str, loss_scaling: bool,
@@ -42,11 +43,16 @@ class ControlPanel:
 
     `ControlPanel().widget` is what a notebook displays. Each click of Run trains one
     configuration, redraws the loss curves as it goes, and appends a row to `results_table`
-    (an HTML <table>), so runs can be compared side by side.
+    (an HTML <table>), so runs can be compared side by side. Without a `base` configuration the
+    panel starts at the lab's size for this machine (`mpcourse.lab_size`) and says why.
     """
 
-    def __init__(self, base: RunConfig = LESSON_CPU_CONFIG, max_d_model: int = 256,
+    def __init__(self, base: RunConfig | None = None, max_d_model: int = 256,
                  max_batch: int = 64, max_steps: int = 1000):
+        sized = ""
+        if base is None:
+            size = lab_size()
+            base, sized = size.config, f"Sized for this machine: {size.reason}. "
         self.base = base
         self.results: list[RunResult] = []
         style = {"description_width": "initial"}
@@ -68,7 +74,7 @@ class ControlPanel:
                                        description="Steps", style=style)
         self.run_button = widgets.Button(description="Run", button_style="primary",
                                          tooltip="train with these settings and add a row to the table")
-        self.status = widgets.HTML(value="Choose the settings and press Run.")
+        self.status = widgets.HTML(value=escape(sized + "Choose the settings and press Run."))
         self.plot = widgets.Output()
         self.results_table = widgets.HTML(value=html_table([]))
         self.live: RunResult | None = None

@@ -72,3 +72,17 @@ def test_widgets_say_what_they_are():
                             "Model width (d_model)", "Batch size", "Steps", "Run"]
     assert panel.precision.options == ("fp32", "tf32", "bf16", "fp16")
     assert panel.d_model.value % BASE.n_heads == 0 and panel.d_model.step % BASE.n_heads == 0
+
+
+def test_panel_without_a_base_starts_at_the_labs_size_and_says_why(monkeypatch):
+    import mpcourse.widgets
+    from mpcourse.lab_size import choose_lab_size
+    from mpcourse.train import LESSON_CPU_MATMUL_CONFIG
+    fast = hardware.MatmulProbe(256, {"fp32": 1.0, "bf16": 0.5, "fp16": 50.0})
+    size = choose_lab_size("cpu", hardware.cpu_precisions(frozenset({"avx512_bf16"})), fast)
+    monkeypatch.setattr(mpcourse.widgets, "lab_size", lambda: size)
+    panel = ControlPanel()
+    assert panel.base == LESSON_CPU_MATMUL_CONFIG
+    assert panel.d_model.value == panel.d_model.max == LESSON_CPU_MATMUL_CONFIG.d_model
+    assert panel.status.value.startswith("Sized for this machine: measured fast on this CPU")
+    assert ControlPanel(BASE).status.value == "Choose the settings and press Run."

@@ -1,0 +1,145 @@
+"""The lab's size on this machine: the flags say what is supported, a probe says what is fast.
+
+A small model cannot show a 16-bit speed-up: its steps go to per-operation costs that do not
+depend on the precision (autocast's casts, the optimizer, Python), so even on a CPU with bf16
+instructions bf16 runs slower than fp32 at the lab's small size. A model wide enough for its
+matmuls to dominate shows the real speed-up where the hardware has one, and takes minutes where
+16-bit arithmetic is emulated. `lab_size()` chooses between the two from what it measures:
+
+- a CUDA GPU: GPT-2 small's shape, `LESSON_CUDA_CONFIG`;
+- a CPU on which a bf16 or fp16 matmul ran at least `FAST_SPEEDUP` times as fast as fp32 in the
+  calibration (`hardware.probe_matmuls`, well under a second): `LESSON_CPU_MATMUL_CONFIG`;
+- any other CPU, and Apple's MPS: the small `LESSON_CPU_CONFIG`, and `reason` says why.
+
+`REFERENCE` is one stored measurement at the matmul-bound size on a machine that accelerates
+bf16, so that a learner whose machine emulates 16-bit formats still sees a case where mixed
+precision pays off, next to their own live measurement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpcourse import hardware
+from mpcourse.train import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
+                            RunConfig)
+
+#: A 16-bit precision counts as fast when its probe matmul runs at least this many times as
+#: fast as fp32. Measured ratios are far from it on both sides: 2 to 3x where bf16 has
+#: instructions, 0.01 to 0.03x where it is emulated.
+FAST_SPEEDUP = 1.2
+SIXTEEN_BIT = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class LabSize:
+    """The lab's configuration for a device, which 16-bit precisions are fast there, and why."""
+    config: RunConfig
+    device_type: str
+    fast: tuple[str, ...]
+    reason: str
+
+
+def choose_lab_size(device_type: str, precisions: dict[str, hardware.PrecisionSupport],
+                    probe: hardware.MatmulProbe | None = None) -> LabSize:
+    """The decision alone, from the device's precision table and (on a CPU) the probe's timings."""
+    if device_type == "cuda":
+        fast = tuple(p for p in SIXTEEN_BIT if precisions[p].accelerated)
+        return LabSize(LESSON_CUDA_CONFIG, "cuda", fast,
+                       "a CUDA GPU: GPT-2 small's shape (d_model 768, 12 layers, 1024 tokens)")
+    if device_type == "mps":
+        return LabSize(LESSON_CPU_CONFIG, "mps", (),
+                       "Apple's GPU: the small size (the calibration measures CPUs only)")
+    if device_type != "cpu":
+        raise ValueError(f"unknown device type {device_type!r}; choose cuda, mps or cpu")
+    if probe is None:
+        raise ValueError("a CPU's lab size needs the matmul probe (hardware.probe_matmuls())")
+    fast = tuple(p for p in SIXTEEN_BIT
+                 if precisions[p].supported and probe.speedup(p) >= FAST_SPEEDUP)
+    matmul = f"a {probe.n}x{probe.n} matmul"
+    if fast:
+        measured = ", ".join(f"{p} {probe.speedup(p):.1f}x ({precisions[p].how})" for p in fast)
+        return LabSize(LESSON_CPU_MATMUL_CONFIG, "cpu", fast,
+                       f"measured fast on this CPU, {matmul} against fp32: {measured}. The lab "
+                       f"runs at d_model {LESSON_CPU_MATMUL_CONFIG.d_model}, where matmuls "
+                       "dominate a step, so the speed-up shows")
+    slow = "; ".join(_why_slow(p, precisions[p], probe.speedup(p)) for p in SIXTEEN_BIT)
+    return LabSize(LESSON_CPU_CONFIG, "cpu", (),
+                   f"no 16-bit format is fast on this CPU ({matmul} against fp32): {slow}. The "
+                   f"lab stays small (d_model {LESSON_CPU_CONFIG.d_model}) so that 16-bit runs "
+                   "finish in seconds")
+
+
+def _why_slow(precision: str, support: hardware.PrecisionSupport, speedup: float) -> str:
+    if support.accelerated:  # the flags promise instructions the kernels did not use
+        return (f"{precision} ran at {speedup:.2f}x although the CPU has {support.how} (torch's "
+                "kernels did not use it: is ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY set?)")
+    return f"{precision} is emulated, {speedup:.2f}x"
+
+
+def lab_size(device: str = "auto") -> LabSize:
+    """The lab's size on `device` ("auto", "cpu", "cuda", "mps") of this machine, measured once."""
+    if device.split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {device!r}; choose auto, cpu, cuda or mps")
+    device_type = RunConfig(device=device).resolved_device().type
+    if device_type == "cpu":
+        return choose_lab_size("cpu", hardware.cpu_precisions(hardware.cpu_flags()),
+                               hardware.measured_probe())
+    report = hardware.report()
+    if report.device_type != device_type:
+        raise ValueError(f"device {device!r} is not available here (found {report.device_type})")
+    return choose_lab_size(device_type, report.precisions)
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    precision: str
+    tokens_per_s: float
+    eval_loss: float
+    peak_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class ReferenceMeasurement:
+    """A dated measurement from a named machine (`benchmarks/bench_lab_size.py --record`)."""
+    machine: str
+    date: str
+    config: RunConfig
+    matmul_n: int                       # the calibration's matmul size, and each 16-bit
+    matmul_speedups: dict[str, float]   # precision's speed there against fp32
+    runs: tuple[ReferenceRun, ...]
+
+    def speedup(self, precision: str) -> float:
+        """Tokens/s of `precision`'s run over fp32's."""
+        by_precision = {run.precision: run.tokens_per_s for run in self.runs}
+        if precision not in by_precision:
+            raise ValueError(f"the reference has no {precision!r} run; it has "
+                             + ", ".join(by_precision))
+        return by_precision[precision] / by_precision["fp32"]
+
+    def table(self) -> str:
+        """The measurement as a plain-text table, headed by where and when it was taken."""
+        c = self.config
+        probe = ", ".join(f"{p} {x:.3g}x" for p, x in self.matmul_speedups.items())
+        lines = [f"Measured on {self.machine}, {self.date}",
+                 f"d_model {c.d_model}, {c.n_layers} layers, batch {c.batch_size} x {c.seq_len} "
+                 f"tokens, {c.steps} steps",
+                 f"calibration ({self.matmul_n}x{self.matmul_n} matmul, 1 thread) against fp32: {probe}",
+                 f"{'run':<6}{'tokens/s':>10}{'vs fp32':>9}{'peak memory':>14}{'eval loss':>11}"]
+        lines += [f"{r.precision:<6}{r.tokens_per_s:>10,.0f}{self.speedup(r.precision):>8.2f}x"
+                  f"{r.peak_memory_bytes / 1e6:>11.1f} MB{r.eval_loss:>11.3f}" for r in self.runs]
+        return "\n".join(lines)
+
+
+#: Recorded by `benchmarks/bench_lab_size.py --threads 1 --record` while other jobs shared the
+#: machine's two cores (so tokens/s are low in absolute terms; the ratio is what counts).
+REFERENCE = ReferenceMeasurement(
+    machine="AMD EPYC with avx512_bf16, 2 cores, 1 thread, torch 2.13.0+cpu",
+    date="2026-11-30",
+    config=LESSON_CPU_MATMUL_CONFIG,
+    matmul_n=256,
+    matmul_speedups={"bf16": 1.99, "fp16": 0.012},
+    runs=(
+        ReferenceRun("fp32", tokens_per_s=514, eval_loss=5.4843, peak_memory_bytes=139752116),
+        ReferenceRun("bf16", tokens_per_s=965, eval_loss=5.5014, peak_memory_bytes=137392820),
+    ),
+)
