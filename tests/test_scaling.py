@@ -535,3 +535,59 @@ def test_optimizers_that_take_the_scalers_work_get_what_torch_gives():
         with pytest.warns(FutureWarning, match="stop passing itself"):
             scaler.step(opt)
         assert opt.received is scaler
+
+
+# Ports of PyTorch's own grad-scaling scenarios (test/test_torch.py, `_run_scaling_case`): each
+# trains with an inf planted at one iteration, under our scaler and torch's, side by side.
+
+def upstream_case(make_scaler, iteration, steps=8, skip_at=3):
+    torch.manual_seed(0)
+    models = [make_model(), make_model()]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    scaler = make_scaler(init_scale=128.0, growth_interval=1)
+    data = torch.Generator().manual_seed(2)
+    for step in range(steps):
+        x, y = torch.randn(8, 6, generator=data), torch.randn(8, 3, generator=data)
+        iteration(scaler, models, optimizers, x, y, step == skip_at)
+        scaler.update()
+    return scaler.get_scale(), [p.detach().clone() for m in models for p in m.parameters()]
+
+
+def penalty_iteration(scaler, models, optimizers, x, y, plant_inf):
+    """A gradient penalty: autograd.grad of the scaled loss, unscaled by hand, then backward."""
+    model, optimizer = models[0], optimizers[0]
+    optimizer.zero_grad()
+    loss = (model(x) - y).pow(2).mean()
+    scaled_grads = torch.autograd.grad(scaler.scale(loss), list(model.parameters()),
+                                       create_graph=True)
+    grads = [g / scaler.get_scale() for g in scaled_grads]
+    penalty = sum(g.pow(2).sum() for g in grads).sqrt()
+    scaler.scale(loss + penalty).backward()
+    if plant_inf:
+        model[0].weight.grad[0, 0] = INF
+    scaler.step(optimizer)
+
+
+def multiple_iteration(scaler, models, optimizers, x, y, plant_inf):
+    """Two models, two losses, two optimizers, one scaler (torch's test_grad_scaling_multiple)."""
+    for optimizer in optimizers:
+        optimizer.zero_grad()
+    out0, out1 = models[0](x), models[1](x)
+    loss0 = (out0 - y).pow(2).mean() + 3 * (out1 - y).pow(2).mean()
+    loss1 = (out0 + out1 - y).pow(2).mean()
+    scaler.scale(loss0).backward(retain_graph=True)
+    scaler.scale(loss1).backward()
+    if plant_inf:
+        models[1][2].weight.grad[0, 0] = INF
+    scaler.unscale_(optimizers[0])
+    for optimizer in optimizers:
+        scaler.step(optimizer)
+
+
+@pytest.mark.parametrize("iteration", [penalty_iteration, multiple_iteration],
+                         ids=["penalty", "multiple"])
+def test_upstream_scaling_cases_match_torch(iteration):
+    ours = upstream_case(GradScaler, iteration)
+    theirs = upstream_case(torch_scaler, iteration)
+    assert ours[0] == theirs[0] and ours[0] != 128.0
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], theirs[1]))
