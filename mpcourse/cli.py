@@ -200,10 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="folder of solution notebooks holding the tests (default: the course's solutions/)")
     grade.add_argument("--timeout", type=float, default=120.0,
                        help="seconds each submission may run, all cells together (default: %(default)s)")
-    grade.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
-                       help="submissions graded at once, each in its own kernel (default: %(default)s)")
+    grade.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                       else os.cpu_count() or 1,
+                       help="submissions graded at once, each in its own sandbox (default: the %(default)s cores)")
     grade.add_argument("--csv", metavar="FILE", help="also write a gradebook: one row per submission and test")
     grade.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
+    grade.add_argument("--unsafe-no-sandbox", action="store_true",
+                       help="grade without bubblewrap's sandbox: submissions can then read and change "
+                            "this machine's files (a warning goes to the output and the gradebook)")
     grade.set_defaults(handler=_grade)
 
     train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")

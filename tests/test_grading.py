@@ -1,10 +1,16 @@
-"""The exercise pipeline: release, the learner's check(), and the grader against hostile submissions."""
+"""The exercise pipeline: release, the learner's check(), and the grader against hostile submissions.
+
+The hostile submissions and the score each must get are in tests/fixtures/submissions (MANIFEST.json,
+written by build_fixtures.py there). They are graded once, in the sandbox; the tests then check the
+scores, the reasons, the gradebook, and that nothing outside the sandbox changed or survived.
+"""
 import csv
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +18,7 @@ import nbformat
 import pytest
 import torch
 
+from mpcourse.grading import codec, gradebook, judge
 from mpcourse.grading import selfcheck as check_module
 from mpcourse.grading.exercise import HIDDEN_NOTE, load_exercise
 from mpcourse.grading.release import release_all, release_notebook
@@ -98,23 +105,24 @@ def test_check_without_definitions_fails_every_test_with_a_reason(monkeypatch):
     assert all(r.reason == "NameError: name 'tensor_bytes' is not defined" for r in score.results)
 
 
-# Each hostile or broken submission gets a score and a one-line reason, and grading goes on.
-EXPECTED = {
-    "ex00_correct": (4, None),
-    "ex00_partial": (1, None),
-    "ex00_syntax_error": (0, "SyntaxError"),
-    "ex00_raises": (0, "a code cell raised ValueError: I gave up"),
-    "ex00_endless_loop": (0, "timed out"),
-    "ex00_sys_exit": (4, "SystemExit: bye"),
-    "ex00_os_exit": (0, "kernel died"),
-    "ex00_replaces_grading": (0, "replaced mpcourse.grading.check"),
-    "ex00_deletes_helpers": (0, "deleted builtins.AssertionError"),
-    "ex00_patches_torch": (0, "replaced torch.Tensor.nbytes"),
-    "ex00_prints_megabytes": (4, None),
-    "ex00_trains_a_model": (4, None),  # building an optimizer loads torch._dynamo: not tampering
-    "ex00_sabotage": (0, None),
-    "ex00_not_a_notebook": (0, "not a valid .ipynb"),
-}
+
+MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
+SLEEP_MARKER = "613.371"  # the argument of the `sleep` that ex00_detached_process and ex00_fork_army leave behind
+
+
+def _digests(folder):
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*")) if p.is_file()}
+
+
+def _survivors():
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if SLEEP_MARKER.encode() in cmdline.read_bytes():
+                found.append(cmdline.parent.name)
+        except OSError:
+            pass
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -122,54 +130,224 @@ def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grading")
     solutions = tmp / "solutions"
     shutil.copytree(ROOT / "solutions", solutions)
+    before = {"solutions": _digests(solutions), "submissions": _digests(FIXTURES)}
     env = dict(os.environ, MPCOURSE_SABOTAGE_TARGET=str(solutions / "ex00_bytes.ipynb"))
-    # the saboteur goes first and the partial answer last, so a successful sabotage would show
-    paths = [FIXTURES / "ex00_sabotage.ipynb"] + sorted(
-        p for p in FIXTURES.glob("*.ipynb") if p.stem not in ("ex00_sabotage", "ex00_partial")) + \
+    # the saboteurs go first and the partial answer last, so a successful sabotage would show
+    first = ["ex00_sabotage", "ex00_ipython_startup", "ex00_detached_process"]
+    paths = [FIXTURES / f"{name}.ipynb" for name in first] + sorted(
+        FIXTURES / f"{name}.ipynb" for name in MANIFEST if name not in first + ["ex00_partial"]) + \
         [FIXTURES / "ex00_partial.ipynb"]
-    result = _mpcourse("grade", *map(str, paths), "--solutions", str(solutions), "--timeout", "20",
+    result = _mpcourse("grade", *map(str, paths), "--solutions", str(solutions), "--timeout", "30",
                        "--jobs", "2", "--json", "--csv", str(tmp / "grades.csv"), env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert "pass  # " in (solutions / "ex00_bytes.ipynb").read_text(), "the saboteur did not get to run"
-    return {Path(s["path"]).stem: s for s in report["submissions"]}, tmp / "grades.csv"
+    time.sleep(1)  # a detached process would have had time to act
+    return SimpleNamespace(
+        submissions={Path(s["path"]).stem: s for s in report["submissions"]}, gradebook=tmp / "grades.csv",
+        before=before, after={"solutions": _digests(solutions), "submissions": _digests(FIXTURES)},
+        survivors=_survivors(), solutions=solutions, tmp=tmp)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_hostile_submission_gets_expected_score_and_reason(graded, name):
-    submissions, _ = graded
-    score, reason = EXPECTED[name]
-    got = submissions[name]
-    assert got["score"] == score, got
-    assert got["max_score"] == 4 and got["exercise"] == "ex00_bytes"
-    if reason is None:
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_hostile_submission_scores_its_honest_work_with_a_reason(graded, name):
+    expected, got = MANIFEST[name], graded.submissions[name]
+    assert got["score"] == expected["score"], (expected["why"], got)
+    assert got["exercise"] == expected["exercise"], got
+    if expected["error"] is None:
         assert got["error"] is None, got["error"]
     else:
-        assert reason in (got["error"] or ""), got["error"]
-    assert len(got["tests"]) == 4
+        assert expected["error"] in (got["error"] or ""), got["error"]
+    exercise = load_exercise(ROOT / "solutions" / f"{expected['exercise']}.ipynb")
+    assert got["max_score"] == exercise.max_score and len(got["tests"]) == len(exercise.tests)
     for test in got["tests"]:
         assert test["passed"] == (test["points"] == test["max_points"])
         assert test["passed"] or test["reason"], f"{name}: a failed test needs a reason"
 
 
+def test_solutions_and_every_submission_are_byte_identical_after_grading(graded):
+    assert graded.after == graded.before
+
+
+def test_no_process_outlives_grading(graded):
+    assert graded.survivors == [], "a submission's detached process survived its sandbox"
+
+
+def test_a_killed_cell_is_skipped_and_noted(graded):
+    notes = graded.submissions["ex00_os_exit"]["notes"]
+    assert any("code cell 3 stopped the submission's process" in note for note in notes), notes
+    assert any("printed more than 32 MiB" in note for note in graded.submissions["ex00_huge_output"]["notes"])
+
+
 def test_failing_tests_say_why(graded):
-    submissions, _ = graded
+    submissions = graded.submissions
     assert submissions["ex00_raises"]["tests"][0]["reason"] == "ValueError: I gave up"
     partial = {t["id"]: t for t in submissions["ex00_partial"]["tests"]}
     assert partial["fp32_ten_million"]["passed"] and not partial["fp16_ten_million"]["passed"]
     assert "20,000,000" in partial["fp16_ten_million"]["reason"]
+    fakes = {t["id"]: t["reason"] for t in submissions["ex09_fakes_checks"]["tests"]}
+    assert "the solution's" in fakes["loop_b_clip_order"], fakes
 
 
-def test_gradebook_has_a_row_per_submission_and_test(graded):
-    submissions, gradebook = graded
-    rows = list(csv.DictReader(gradebook.open()))
-    assert len(rows) == 4 * len(EXPECTED)
+def test_hidden_tests_do_not_leak_through_reasons(graded):
+    ex00 = " ".join(t["reason"] or "" for t in graded.submissions["ex00_leaks_hidden_tests"]["tests"])
+    assert "10_000_000_000" not in ex00 and "10 billion" not in ex00, ex00
+    ex09 = " ".join(t["reason"] or "" for t in graded.submissions["ex09_leaks_hidden_tests"]["tests"])
+    assert "scaled_reference_a" not in ex09 and "leak:" not in ex09, ex09
+
+
+def test_metadata_naming_another_exercise_is_reported_not_trusted(graded):
+    got = graded.submissions["ex00_claims_other_exercise"]
+    assert got["exercise"] == "ex00_bytes"
+    assert any("'ex09_diagnose'" in note and "from the file name" in note for note in got["notes"]), got["notes"]
+
+
+def test_gradebook_has_a_row_per_test_escapes_formulas_and_drops_control_characters(graded):
+    text = graded.gradebook.read_text()
+    rows = list(csv.DictReader(text.splitlines()))
+    assert len(rows) == sum(len(s["tests"]) or 1 for s in graded.submissions.values())
     correct = [r for r in rows if Path(r["path"]).stem == "ex00_correct"]
     assert {r["test"] for r in correct} == {"fp32_ten_million", "fp16_ten_million", "bf16_matches_torch",
                                             "any_size_matches_torch"}
     assert all(r["passed"] == "True" and r["score"] == "4.0" for r in correct)
+    formula = [r for r in rows if Path(r["path"]).stem == "ex00_formula_and_escapes"]
+    assert formula and all(r["reason"].startswith("'=HYPERLINK") for r in formula), formula[0]
+    assert "\x1b" not in text
+    assert not list(graded.gradebook.parent.glob(".grades.csv.*")), "a temporary gradebook was left behind"
+
+
+def test_an_untouched_exercise_still_scores_zero_in_a_later_run(graded):
+    result = _mpcourse("grade", str(ROOT / "exercises" / "ex00_bytes.ipynb"), "--solutions", str(graded.solutions),
+                       "--json", "--timeout", "60")
+    assert result.returncode == 0, result.stderr
+    (got,) = json.loads(result.stdout)["submissions"]
+    assert got["score"] == 0 and got["max_score"] == 4, got
+
+
+def test_grade_refuses_without_a_sandbox_and_says_how_to_get_one(tmp_path):
+    result = _mpcourse("grade", str(FIXTURES / "ex00_correct.ipynb"), env=dict(os.environ, PATH=str(tmp_path)))
+    assert result.returncode == 2
+    assert "bwrap" in result.stderr and "apt-get install bubblewrap" in result.stderr
+    assert "--unsafe-no-sandbox" in result.stderr
+
+
+def test_unsafe_no_sandbox_grades_with_a_warning_in_the_output_and_the_gradebook(tmp_path):
+    result = _mpcourse("grade", str(FIXTURES / "ex00_partial.ipynb"), "--unsafe-no-sandbox", "--csv",
+                       str(tmp_path / "grades.csv"), env=dict(os.environ, PATH=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" in result.stderr and "WITHOUT a sandbox" in result.stdout
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert rows[0]["score"] == "1.0" and all("WITHOUT a sandbox" in r["notes"] for r in rows)
 
 
 def test_grade_rejects_a_missing_solutions_folder(tmp_path):
     result = _mpcourse("grade", str(FIXTURES / "ex00_correct.ipynb"), "--solutions", str(tmp_path))
     assert result.returncode == 2 and "no solution notebooks" in result.stderr
+
+
+# ---- the pieces, without a sandbox ----
+
+@pytest.mark.parametrize("value", [
+    7, -3.5, float("inf"), "text", None, True, [1, (2, 3)], {"a": torch.bfloat16, 4: [None]},
+    (2**80, -0.0),
+])
+def test_plain_data_round_trips(value):
+    assert codec.decode(json.loads(json.dumps(codec.encode(value)))) == value
+
+
+@pytest.mark.parametrize("tensor", [
+    torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.tensor([1.5, -0.0, float("nan")], dtype=torch.bfloat16),
+    torch.tensor([448.0, -2.0]).to(torch.float8_e4m3fn), torch.tensor([True, False]), torch.zeros(0, 3),
+    torch.arange(10, dtype=torch.int64)[::3],
+])
+def test_tensors_round_trip_bit_for_bit(tensor):
+    back = codec.decode(json.loads(json.dumps(codec.encode(tensor))))
+    assert type(back) is torch.Tensor and back.dtype == tensor.dtype and back.shape == tensor.shape
+    assert torch.equal(back.view(torch.uint8) if back.dtype != torch.bool else back,
+                       tensor.contiguous().view(torch.uint8) if tensor.dtype != torch.bool else tensor)
+
+
+def test_only_the_plain_value_of_a_number_subclass_crosses():
+    class Anything(int):
+        def __eq__(self, other):
+            return True
+        __hash__ = int.__hash__
+    assert type(codec.decode(codec.encode(Anything(3)))) is int
+    with pytest.raises(codec.NotPlainData, match="Linear"):
+        codec.encode(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("data, problem", [
+    ({"$": "pickle", "data": "gASV"}, "unknown tag"),
+    ({"no": "tag"}, "unexpected dict"),
+    ({"$": "tensor", "dtype": "float32", "shape": [2], "data": "AAAA"}, "3 bytes for 2"),
+    ({"$": "tensor", "dtype": "os.system", "shape": [], "data": ""}, "unknown dtype"),
+    ({"$": "tensor", "dtype": "float32", "shape": [1 << 40], "data": ""}, "too large"),
+    ({"$": "dataclass", "module": "os", "name": "system", "fields": {}}, "not a dataclass the grader knows"),
+    ({"$": "dataclass", "module": "mpcourse.memory", "name": "MemoryBreakdown", "fields": {"x": 1}}, "fields"),
+    ({"$": "dict", "items": [[[1], 2]]}, "unhashable"),
+])
+def test_decoding_rejects_what_is_not_a_valid_encoding(data, problem):
+    with pytest.raises(codec.MalformedData, match=problem):
+        codec.decode(data)
+
+
+def test_dataclasses_of_modules_the_grader_loaded_are_rebuilt():
+    from mpcourse.memory import MemoryBreakdown
+    breakdown = MemoryBreakdown(parameters=1, master_parameters=2, activations=3, gradients=4, optimizer_state=5)
+    back = codec.decode(json.loads(json.dumps(codec.encode(breakdown))))
+    assert type(back) is MemoryBreakdown and back == breakdown
+
+
+def test_a_reported_exception_is_rebuilt_from_builtins_only():
+    assert type(codec.decode_error({"$": "raised", "type": "ValueError", "message": "m"})) is ValueError
+    for name in ("SystemExit", "KeyboardInterrupt", "StopIteration", "Evil"):
+        error = codec.decode_error({"$": "raised", "type": name, "message": "m"})
+        assert type(error) is RuntimeError and str(error) == f"{name}: m"
+
+
+def _call(result, after=None, raised=None):
+    entry = {"call": "f", "after": codec.encode_state(after if after is not None else [[], {}])}
+    entry.update({"raised": codec.encode_error(raised)} if raised else {"result": codec.encode_state(result)})
+    return entry
+
+
+def test_call_logs_match_within_the_tolerance_and_name_the_first_difference():
+    weights = torch.nn.Parameter(torch.ones(3))
+    expected = [_call([1.0, 2.0], [[weights], {}])]
+    close = torch.nn.Parameter(torch.ones(3) * (1 + 1e-7))
+    assert judge.compare_calls(expected, [_call([1.0, 2.0 * (1 + 1e-7)], [[close], {}])]) is None
+    far = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.5]))
+    assert "state differs at [0][0].value by up to 0.5" in judge.compare_calls(expected, [_call([1.0, 2.0], [[far], {}])])
+    assert "the result is 2.5 at [1]" in judge.compare_calls(expected, [_call([1.0, 2.5], [[weights], {}])])
+    assert "raised ValueError" in judge.compare_calls(expected, [_call(None, raised=ValueError("x"))])
+    assert "made 0 call(s)" in judge.compare_calls(expected, [])
+
+
+def test_a_gradient_set_to_none_matches_a_zeroed_one():
+    zeroed, cleared = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    zeroed.grad = torch.zeros(2)
+    assert judge.compare_calls([_call(None, [[zeroed], {}])], [_call(None, [[cleared], {}])]) is None
+    zeroed.grad = torch.ones(2)
+    assert judge.compare_calls([_call(None, [[zeroed], {}])], [_call(None, [[cleared], {}])]) is not None
+
+
+def test_a_reason_from_beside_the_answers_is_shown_only_if_the_test_spells_it_out():
+    source = 'assert x == 1, f"the scale should settle, got {x}"'
+    assert judge.trusted_reason(source, "the scale should settle, got 2") == "the scale should settle, got 2"
+    assert judge.trusted_reason(source, "leak: hidden code") == "the test's own checks failed when run beside your code"
+
+
+@pytest.mark.parametrize("cell, shown", [
+    ("=1+1", "'=1+1"), ("+SUM(A1)", "'+SUM(A1)"), ("@cmd", "'@cmd"), ("-2", "-2"), ("-x", "'-x"),
+    ("fine\x1b[31m red\x07", "fine[31m red"), ("two\nlines", "two lines"),
+])
+def test_gradebook_cells_are_safe_in_a_spreadsheet_and_a_terminal(cell, shown):
+    assert gradebook.spreadsheet_cell(cell) == shown
+
+
+def test_the_gradebook_is_replaced_atomically(tmp_path):
+    target = tmp_path / "grades.csv"
+    target.write_text("old")
+    result = gradebook.SubmissionResult("a.ipynb", "ex00_bytes", 1.0, 4.0, None)
+    gradebook.write_gradebook([result], target)
+    assert target.read_text().startswith("path,exercise") and list(tmp_path.iterdir()) == [target]

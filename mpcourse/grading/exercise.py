@@ -35,6 +35,7 @@ class Exercise:
     setup: tuple[str, ...]  # the notebook's other code cells: imports and data the tests may use
     answer_names: tuple[str, ...]  # names the learner's code must define
     tests: tuple[Test, ...]
+    answer_cells: tuple[str, ...] = ()  # the solution's cells that define them, markers removed
 
     @property
     def max_score(self) -> float:
@@ -106,7 +107,7 @@ def load_exercise(path: str | Path) -> Exercise:
     """Parse a solution notebook into setup code, answer names and tests."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    setup, answers, tests, seen = [], [], [], set()
+    setup, answers, answer_cells, tests, seen = [], [], [], [], set()
     for index, cell in enumerate(nb.cells):
         where = f"{path.name}, cell {index}"
         if is_test_cell(cell):
@@ -124,11 +125,12 @@ def load_exercise(path: str | Path) -> Exercise:
             code = without_markers(cell.source, BEGIN_SOLUTION, END_SOLUTION)
             replace_regions(cell.source, BEGIN_SOLUTION, END_SOLUTION, where=where)  # validates markers
             answers.extend(defined_names(code))
+            answer_cells.append(code)
         elif cell.cell_type == "code" and not is_check_cell(cell):
             setup.append(cell.source)
     if not tests:
         raise ValueError(f"{path.name}: no test cells (cells with nbgrader grade metadata) found")
-    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests))
+    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests), tuple(answer_cells))
 
 
 def defined_names(code: str) -> list[str]:
@@ -141,6 +143,14 @@ def defined_names(code: str) -> list[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.extend(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
     return names
+
+
+def defines_any(source: str, names) -> bool:
+    """Whether a learner's cell defines one of `names` at top level (False if it does not parse)."""
+    try:
+        return bool(set(defined_names(source)) & set(names))
+    except SyntaxError:
+        return any(f"def {name}" in source or f"{name} =" in source for name in names)
 
 
 def find_solutions(folder: str | Path) -> dict[str, Path]:

@@ -1,117 +1,81 @@
-"""`mpcourse grade`: run submissions in their own kernels and score them with the solution's tests.
+"""`mpcourse grade`: score submitted notebooks, treating every one as hostile.
 
-Each submission runs in a fresh Jupyter kernel (a separate process) in an empty folder, under a
-time limit. Its own test cells are ignored: the tests, hidden ones included, come from the
-solution notebook, read before any submission runs. Every verdict travels back to this process
-as a line tagged with a random nonce, and the grader, not the kernel, adds up the points. The
-grader also fingerprints torch, the builtins and `mpcourse.grading` before and after the
-submission's code, so a submission that patches them to pass scores zero.
+For each submission:
+1. The exercise comes from the file name; the tests, hidden ones included, from the solution
+   notebook, read before any submission runs. Metadata naming another exercise is reported.
+2. The submission's code cells run in a fresh worker inside a sandbox (`sandbox`). A cell that
+   kills its process is skipped and the worker restarted, as a learner would restart a kernel.
+3. Each test runs either here, with the learner's functions called through the sandbox, or
+   beside the learner's answers in a second fresh sandbox, its log of calls compared here with
+   the solution's (`judge`). Either way the verdict is computed in this process.
+4. Whatever happens, the submission gets a score and a one-line reason, and grading goes on;
+   the gradebook is written atomically at the end (`gradebook`).
 """
 from __future__ import annotations
 
-import csv
 import json
-import secrets
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading import verdict
-from mpcourse.grading.selfcheck import TestResult
-from mpcourse.grading.exercise import (Exercise, exercise_id, find_solutions, is_check_cell,
+from mpcourse.grading import judge
+from mpcourse.grading.exercise import (Exercise, defines_any, exercise_id, find_solutions, is_check_cell,
                                        is_test_cell, load_exercise)
+from mpcourse.grading.gradebook import SubmissionResult, format_result, format_summary, write_gradebook
+from mpcourse.grading.sandbox import INSTALL_HINT, Limits, RequestFailed, Sandbox, WorkerGone, sandbox_problem
+from mpcourse.grading.selfcheck import TestResult
+from mpcourse.grading.verdict import first_line
 
-OUTPUT_LIMIT = 100_000  # characters of output kept per cell; the rest is dropped
-
-FINGERPRINT = """
-def __mpcourse_fingerprint():
-    import builtins, inspect, json, math, sys, torch, torch.nn.functional, torch.testing, mpcourse.grading
-    import torch._dynamo, torch.optim  # loading these rebinds some torch functions: do it before, not during
-    watched = {{"builtins": builtins, "math": math, "torch": torch, "torch.nn.functional": torch.nn.functional,
-               "torch.testing": torch.testing, "mpcourse.grading": mpcourse.grading}}
-    ids = {{name + "." + key: id(value) for name, obj in watched.items()
-           for key, value in vars(obj).items() if key not in ("_", "__", "___", "input")}}
-    for key in dir(torch.Tensor):  # inherited methods too: patching torch.Tensor.nbytes shadows one
-        ids["torch.Tensor." + key] = id(inspect.getattr_static(torch.Tensor, key))
-    for name in ("builtins", "math", "torch", "mpcourse", "mpcourse.grading", "mpcourse.grading.verdict"):
-        ids["sys.modules[%r]" % name] = id(sys.modules.get(name))
-    shell = get_ipython()
-    for name in ("run_cell", "run_cell_async", "run_code", "run_ast_nodes", "showtraceback"):
-        ids["IPython shell." + name] = id(vars(shell).get(name, getattr(type(shell), name)))
-    return json.dumps(ids)
-print({nonce!r} + __mpcourse_fingerprint())
-del __mpcourse_fingerprint
-"""
-
-BASE_NAMESPACE = """
-__mpcourse_base = {{"__name__": "__main__"}}
-for __mpcourse_name in {answers!r}:
-    if __mpcourse_name in globals():
-        __mpcourse_base[__mpcourse_name] = globals()[__mpcourse_name]
-for __mpcourse_cell in {setup!r}:
-    try:
-        exec(compile(__mpcourse_cell, "<exercise setup>", "exec"), __mpcourse_base)
-    except Exception:
-        pass  # a cell that calls an unfinished answer; the tests will say what is wrong
-for __mpcourse_name in {answers!r}:  # setup must not shadow the learner's answers
-    if __mpcourse_name in globals():
-        __mpcourse_base[__mpcourse_name] = globals()[__mpcourse_name]
-del __mpcourse_name, __mpcourse_cell
-"""
-
-RUN_TEST = """
-__mpcourse_verdict = {{}}
-exec(compile({verdict_source!r}, "<mpcourse verdict>", "exec"), __mpcourse_verdict)
-__mpcourse_verdict["report"]({nonce!r}, *__mpcourse_verdict["run_test"]({source!r}, __mpcourse_base, {test_id!r}))
-del __mpcourse_verdict
-"""
+MAX_RESTARTS = 3
+UNSAFE_NOTE = ("graded WITHOUT a sandbox (--unsafe-no-sandbox): the submission could read and change "
+               "files, other submissions and this gradebook")
 
 
-@dataclass
-class SubmissionResult:
-    path: str
-    exercise: str | None
-    score: float
-    max_score: float
-    error: str | None
-    tests: list[TestResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data.pop("seconds")
-        return data
+@dataclass(frozen=True)
+class Options:
+    timeout: float = 120.0
+    sandboxed: bool = True
+    limits: Limits = Limits()
 
 
 class SubmissionFailed(Exception):
     """The submission as a whole could not be graded; the message is the one-line reason."""
 
 
-def grade_submission(path: str | Path, exercises: dict[str, Exercise], timeout: float = 120.0) -> SubmissionResult:
-    """Score one submitted notebook against the tests of its exercise."""
+def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options: Options = Options()) -> SubmissionResult:
+    """Score one submitted notebook against the tests of its exercise; never raises."""
     start = time.perf_counter()
     path = Path(path)
-    exercise, tests, error = None, [], None
+    exercise, tests, error, notes = exercises.get(exercise_id(path.name) or ""), [], None, []
+    if not options.sandboxed:
+        notes.append(UNSAFE_NOTE)
     try:
-        exercise = exercises.get(exercise_id(path.name))  # known even if the file is unreadable
+        if exercise is None:
+            raise SubmissionFailed(f"cannot tell which exercise this is: {path.name!r} does not start with a known "
+                                   f"exercise id (known: {', '.join(sorted(exercises)) or 'none'})")
         nb = _read_submission(path)
-        exercise = _exercise_for(path, nb, exercises)
-        tests, error = _run(nb, exercise, timeout)
+        claimed = nb.metadata.get("mpcourse", {}).get("exercise") if isinstance(nb.metadata.get("mpcourse"), dict) else None
+        if claimed is not None and claimed != exercise.name:
+            notes.append(f"the notebook's metadata says exercise {str(claimed)[:60]!r}; graded as "
+                         f"{exercise.name}, from the file name")
+        plan = plans.get(exercise_id(path.name))
+        if not isinstance(plan, judge.Plan):
+            raise SubmissionFailed(f"the solution of {exercise.name} could not be run to plan its tests: {plan}")
+        tests, error = _grade(nb, exercise, plan, options, notes)
     except SubmissionFailed as failure:
         error = str(failure)
-    if exercise is not None and not tests:  # nothing ran: every test scores 0 with the reason
+    except Exception as failure:  # a bug here must cost this submission only, not the run
+        error = f"grading failed: {type(failure).__name__}: {first_line(failure, 200)}"
+    if exercise is not None and not tests:
         tests = [TestResult(t.id, 0.0, t.points, False, error) for t in exercise.tests]
-    return SubmissionResult(
-        path=str(path), exercise=exercise.name if exercise else None,
-        score=sum(t.points for t in tests), max_score=exercise.max_score if exercise else 0.0,
-        error=error, tests=tests, seconds=time.perf_counter() - start)
+    return SubmissionResult(path=str(path), exercise=exercise.name if exercise else None,
+                            score=sum(t.points for t in tests), max_score=exercise.max_score if exercise else 0.0,
+                            error=error, tests=tests, seconds=time.perf_counter() - start, notes=notes)
 
 
 def _read_submission(path: Path) -> nbformat.NotebookNode:
@@ -123,148 +87,122 @@ def _read_submission(path: Path) -> nbformat.NotebookNode:
     except FileNotFoundError:
         raise SubmissionFailed(f"file not found: {path}") from None
     except Exception as error:
-        raise SubmissionFailed(f"not a valid .ipynb notebook: {verdict.first_line(error, 200)}") from None
+        raise SubmissionFailed(f"not a valid .ipynb notebook: {first_line(error, 200)}") from None
     return nb
 
 
-def _exercise_for(path: Path, nb, exercises: dict[str, Exercise]) -> Exercise:
-    name = nb.metadata.get("mpcourse", {}).get("exercise") or path.stem
-    key = exercise_id(name) or exercise_id(path.name)
-    if key not in exercises:
-        raise SubmissionFailed(f"cannot tell which exercise this is: {path.name!r} does not start with a known "
-                               f"exercise id (known: {', '.join(sorted(exercises)) or 'none'})")
-    return exercises[key]
-
-
-def _run(nb, exercise: Exercise, timeout: float) -> tuple[list[TestResult], str | None]:
-    """Execute the submission's code, then each test; return the results and the first problem."""
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    learner_cells = [c.source for c in nb.cells
-                     if c.cell_type == "code" and not is_test_cell(c) and not is_check_cell(c)]
-    nonce = secrets.token_hex(16)
-    deadline = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="mpcourse-grade-") as workdir:
-        kernel = _Kernel(workdir)
+def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: list) -> tuple[list, str | None]:
+    cells = [c.source for c in nb.cells if c.cell_type == "code" and not is_test_cell(c) and not is_check_cell(c)]
+    deadline = time.monotonic() + options.timeout
+    verdicts, first_error = {}, None
+    in_grader = [t for t in exercise.tests if plan.plain.get(t.id)]
+    beside = [t for t in exercise.tests if not plan.plain.get(t.id)]
+    if in_grader:
+        with NotebookRunner(cells, options, deadline, notes) as runner:
+            first_error = runner.first_error
+            namespace = judge.grader_namespace(exercise, plan, runner.request)
+            for test in in_grader:
+                verdicts[test.id] = judge.run_in_grader(test, namespace)
+                runner.raise_if_over()
+    if beside:
+        answer_cells = [c for c in cells if defines_any(c, exercise.answer_names)]
         try:
-            before = _fingerprint(kernel, nonce, deadline)
-            first_error = None
-            for source in learner_cells:
-                outputs = kernel.run(source, deadline)
-                if first_error is None and (err := _error_of(outputs)):
-                    first_error = f"a code cell raised {err}"
-            tampered = _changes(before, _fingerprint(kernel, nonce, deadline))
-            if tampered:
-                raise SubmissionFailed("the submission changed what grading relies on: " + ", ".join(tampered[:5]))
-            kernel.run(BASE_NAMESPACE.format(setup=exercise.setup, answers=exercise.answer_names), deadline)
-            results = [_run_test(kernel, test, nonce, deadline) for test in exercise.tests]
-        except CellTimeoutError:
-            raise SubmissionFailed(f"timed out: the submission ran longer than {timeout:g} s (an endless loop?)") from None
-        except DeadKernelError:
-            raise SubmissionFailed("the kernel died (the submission called os._exit or exit(), or crashed)") from None
-        finally:
-            kernel.close()
+            with Sandbox(options.limits, deadline, options.sandboxed) as worker:
+                reply = worker.request({"op": "record", "setup": list(exercise.setup), "answer_cells": answer_cells,
+                                        "answers": list(exercise.answer_names),
+                                        "tests": [[t.id, t.source] for t in beside]}, deadline)
+        except WorkerGone as gone:
+            _raise_if_timed_out(gone, options)
+            reply = {"gone": str(gone)}
+        except RequestFailed as failed:
+            reply = {"gone": str(failed)}
+        got = reply.get("tests") if type(reply.get("tests")) is list and len(reply["tests"]) == len(beside) else None
+        for index, test in enumerate(beside):
+            if "gone" in reply:
+                verdicts[test.id] = (False, reply["gone"])
+            elif got is None or type(got[index]) is not dict:
+                verdicts[test.id] = (False, "the sandbox sent no result for this test")
+            else:
+                verdicts[test.id] = judge.beside_verdict(test, plan.calls[test.id], got[index])
+        errors = reply.get("errors")
+        if first_error is None and type(errors) is list and errors and type(errors[0]) is str:
+            first_error = "a code cell raised " + first_line(errors[0], 200)
+    results = [TestResult(t.id, t.points if verdicts[t.id][0] else 0.0, t.points, verdicts[t.id][0],
+                          None if verdicts[t.id][0] else first_line(verdicts[t.id][1] or "failed", 300))
+               for t in exercise.tests]
     return results, first_error
 
 
-def _run_test(kernel: "_Kernel", test, nonce: str, deadline: float) -> TestResult:
-    outputs = kernel.run(RUN_TEST.format(verdict_source=VERDICT_SOURCE, nonce=nonce,
-                                         source=test.source, test_id=test.id), deadline)
-    found = _tagged(outputs, nonce)
-    if found is None:
-        passed, reason = False, "no verdict came back (the submission interfered with the kernel's output)"
-    else:
-        passed, reason = found["passed"], found["reason"]
-    return TestResult(test.id, test.points if passed else 0.0, test.points, passed, reason)
+def _raise_if_timed_out(gone: WorkerGone, options: Options):
+    """Running out of time ends the submission; dying or flooding costs only what was running."""
+    if "timed out" in str(gone):
+        raise SubmissionFailed(f"timed out: the submission ran longer than {options.timeout:g} s (an endless loop?)")
 
 
-def _fingerprint(kernel: "_Kernel", nonce: str, deadline: float) -> dict:
-    outputs = kernel.run(FINGERPRINT.format(nonce=nonce), deadline)
-    found = _tagged(outputs, nonce)
-    if found is None:
-        raise SubmissionFailed("the kernel could not fingerprint torch and mpcourse.grading: "
-                               + (_error_of(outputs) or "no output"))
-    return found
+class NotebookRunner:
+    """The submission's notebook in a sandboxed worker; restarted without a cell that kills it."""
 
+    def __init__(self, cells: list[str], options: Options, deadline: float, notes: list):
+        self.cells, self.options, self.deadline, self.notes = cells, options, deadline, notes
+        self.skipped, self.restarts, self.first_error, self.over = set(), 0, None, None
+        self.worker = None
+        self._start()
 
-def _changes(before: dict, after: dict) -> list[str]:
-    return [("deleted " if key not in after else "replaced ") + key
-            for key, value in before.items() if after.get(key) != value]
+    def _start(self):
+        while True:
+            try:
+                self.worker = Sandbox(self.options.limits, self.deadline, self.options.sandboxed)
+            except WorkerGone as gone:
+                _raise_if_timed_out(gone, self.options)
+                raise SubmissionFailed(f"the sandbox could not start: {gone}") from None
+            for index, source in enumerate(self.cells):
+                if index in self.skipped:
+                    continue
+                try:
+                    error = self.worker.request({"op": "run_cell", "source": source}, self.deadline).get("error")
+                except RequestFailed as failed:
+                    error = str(failed)
+                except WorkerGone as gone:
+                    _raise_if_timed_out(gone, self.options)
+                    self.skipped.add(index)
+                    why = str(gone).removeprefix("the submission's process ")
+                    self.notes.append(f"code cell {index + 1} stopped the submission's process ({why}); "
+                                      "graded without that cell")
+                    self._restart_allowed()
+                    break
+                if self.first_error is None and error:
+                    self.first_error = "a code cell raised " + first_line(error, 200)
+            else:
+                return
 
+    def _restart_allowed(self):
+        self.worker.close()
+        self.restarts += 1
+        if self.restarts > MAX_RESTARTS:
+            raise SubmissionFailed(f"the submission's process died {self.restarts} times")
 
-def _tagged(outputs, nonce: str):
-    for out in outputs:
-        if out.get("output_type") == "stream" and out.get("name") == "stdout":
-            for line in out.get("text", "").splitlines():
-                if line.startswith(nonce):
-                    return json.loads(line[len(nonce):])
-    return None
-
-
-def _error_of(outputs) -> str | None:
-    for out in outputs:
-        if out.get("output_type") == "error":
-            return f"{out.get('ename')}: {verdict.first_line(out.get('evalue', ''), 200)}".rstrip(": ")
-    return None
-
-
-class _Kernel:
-    """A fresh kernel for one submission, running cells one by one against a shared deadline."""
-
-    def __init__(self, workdir: str):
-        from nbclient import NotebookClient
-
-        class CappedClient(NotebookClient):
-            def output(self, outs, msg, display_id, cell_index):
-                if sum(len(str(o.get("text", ""))) for o in outs) > OUTPUT_LIMIT:
-                    return None  # a submission that prints megabytes keeps only the start
-                return super().output(outs, msg, display_id, cell_index)
-
-        self.nb = nbformat.v4.new_notebook()
-        self.client = CappedClient(self.nb, kernel_name="python3", allow_errors=True,
-                                   resources={"metadata": {"path": workdir}}, kernel_manager_class=_manager_class())
-        self.client.shutdown_kernel = "immediate"
-        self.client.km = self.client.create_kernel_manager()
-        self.client.start_new_kernel(cwd=workdir, stderr=subprocess.DEVNULL)
-        self.client.start_new_kernel_client()
-
-    def run(self, source: str, deadline: float):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            from nbclient.exceptions import CellTimeoutError
-            raise CellTimeoutError("deadline passed")
-        cell = nbformat.v4.new_code_cell(source)
-        self.nb.cells.append(cell)
-        self.client.timeout = max(1, int(remaining))
-        self.client.execute_cell(cell, len(self.nb.cells) - 1)
-        return cell.outputs
-
-    def close(self):
+    def request(self, message: dict) -> dict:
+        """A request from a test running here; a worker that dies is restarted for the next test."""
         try:
-            self.client._cleanup_kernel()
-        except Exception:
-            pass
+            return self.worker.request(message, self.deadline)
+        except WorkerGone as gone:
+            try:
+                _raise_if_timed_out(gone, self.options)
+                self._restart_allowed()
+                self._start()
+            except SubmissionFailed as failure:
+                self.over = failure
+            raise judge.SandboxFailure(f"{gone} while running {message.get('name', 'the test')}") from None
 
+    def raise_if_over(self):
+        if self.over is not None:
+            raise self.over
 
-def _manager_class():
-    """A kernel manager whose "python3" kernel is this interpreter, whatever kernels are installed."""
-    import ipykernel.kernelspec
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
+    def __enter__(self):
+        return self
 
-    class ThisPythonSpecs(KernelSpecManager):
-        def get_kernel_spec(self, kernel_name):
-            return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
-                                          **ipykernel.kernelspec.get_kernel_dict())
-
-    class ThisPythonKernel(AsyncKernelManager):
-        def _kernel_spec_manager_default(self):
-            return ThisPythonSpecs(data_dir=self.data_dir)
-
-    return ThisPythonKernel
-
-
-VERDICT_SOURCE = Path(verdict.__file__).read_text()
+    def __exit__(self, *exc):
+        self.worker.close()
 
 
 def default_solutions() -> Path:
@@ -281,23 +219,63 @@ def load_exercises(folder: str | Path) -> dict[str, Exercise]:
     return {key: load_exercise(path) for key, path in found.items()}
 
 
+def plan_exercises(exercises: dict[str, Exercise], keys, jobs: int, limits: Limits) -> dict:
+    """Each needed exercise's Plan (or why its solution could not be run), in parallel."""
+    def one(key):
+        try:
+            return key, judge.calibrate(exercises[key], time.monotonic() + 900, limits)
+        except Exception as error:
+            return key, f"{type(error).__name__}: {first_line(error, 200)}"
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return dict(pool.map(one, sorted(set(keys))))
+
+
+_POOL_STATE = {}
+
+
+def _init_pool(exercises, plans, options):
+    _POOL_STATE.update(exercises=exercises, plans=plans, options=options)
+
+
+def _grade_in_pool(path):
+    return grade_submission(path, _POOL_STATE["exercises"], _POOL_STATE["plans"], _POOL_STATE["options"])
+
+
 def grade_command(args) -> int:
     try:
         exercises = load_exercises(args.solutions or default_solutions())
     except ValueError as error:
         print(f"mpcourse grade: {error}", file=sys.stderr)
         return 2
-    if args.timeout <= 0:
-        print(f"mpcourse grade: --timeout must be positive, got {args.timeout}", file=sys.stderr)
+    for name, value, low in (("--timeout", args.timeout, 0), ("--jobs", args.jobs, 0)):
+        if value is None or value <= low:
+            print(f"mpcourse grade: {name} must be positive, got {value}", file=sys.stderr)
+            return 2
+    if args.unsafe_no_sandbox:
+        print(f"mpcourse grade: WARNING: {UNSAFE_NOTE}", file=sys.stderr)
+    elif problem := sandbox_problem():
+        print(f"mpcourse grade: refusing to run submissions without a sandbox: {problem}. {INSTALL_HINT}",
+              file=sys.stderr)
         return 2
-    if args.jobs < 1:
-        print(f"mpcourse grade: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
-        return 2
+    options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox)
+    keys = [exercise_id(Path(p).name) for p in args.paths]
+    plans = plan_exercises(exercises, [k for k in keys if k in exercises], args.jobs, options.limits)
+    for key, plan in sorted(plans.items()):
+        for problem in plan.problems if isinstance(plan, judge.Plan) else [f"{key}: {plan}"]:
+            print(f"mpcourse grade: warning: {problem}", file=sys.stderr)
     results = []
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(grade_submission, path, exercises, args.timeout) for path in args.paths]
-        for future in futures:
-            result = future.result()
+    with ProcessPoolExecutor(max_workers=args.jobs, initializer=_init_pool, initargs=(exercises, plans, options)) as pool:
+        futures = [pool.submit(_grade_in_pool, path) for path in args.paths]
+        for path, future in zip(args.paths, futures):
+            try:
+                result = future.result()
+            except Exception as error:  # the grading process itself died
+                exercise = exercises.get(exercise_id(Path(path).name) or "")
+                result = SubmissionResult(str(path), exercise.name if exercise else None, 0.0,
+                                          exercise.max_score if exercise else 0.0,
+                                          f"grading failed: {type(error).__name__}", [
+                                              TestResult(t.id, 0.0, t.points, False, "grading failed")
+                                              for t in (exercise.tests if exercise else ())])
             results.append(result)
             if not args.json:
                 print(format_result(result), flush=True)
@@ -308,35 +286,3 @@ def grade_command(args) -> int:
     else:
         print(format_summary(results))
     return 0
-
-
-def format_result(r: SubmissionResult) -> str:
-    lines = [f"{r.path}  [{r.exercise or '?'}]  {r.score:g}/{r.max_score:g}  ({r.seconds:.1f} s)"]
-    if r.error:
-        lines.append(f"  note: {r.error}")
-    for t in r.tests:
-        lines.append(f"  {t.id:<28}{t.points:g}/{t.max_points:g}  {'pass' if t.passed else 'FAIL'}"
-                     + (f"  {t.reason}" if t.reason and not t.passed else ""))
-    return "\n".join(lines)
-
-
-def format_summary(results: list[SubmissionResult]) -> str:
-    width = max([len(r.path) for r in results] + [10])
-    lines = ["", f"{'submission':<{width}}  {'exercise':<22}{'score':>10}{'time':>9}"]
-    for r in results:
-        lines.append(f"{r.path:<{width}}  {(r.exercise or '?'):<22}{f'{r.score:g}/{r.max_score:g}':>10}{r.seconds:>8.1f}s")
-    lines.append(f"{len(results)} submission(s), {sum(r.seconds for r in results):.1f} kernel-seconds")
-    return "\n".join(lines)
-
-
-def write_gradebook(results: list[SubmissionResult], path: str | Path) -> None:
-    """One row per submission and test, for a spreadsheet or a learning-management system."""
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["path", "exercise", "test", "points", "max_points", "passed", "reason",
-                         "score", "max_score", "error"])
-        for r in results:
-            for t in r.tests or [None]:
-                writer.writerow([r.path, r.exercise or "", t.id if t else "", t.points if t else 0,
-                                 t.max_points if t else 0, t.passed if t else False,
-                                 (t.reason or "") if t else "", r.score, r.max_score, r.error or ""])

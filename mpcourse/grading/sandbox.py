@@ -1,0 +1,216 @@
+"""A worker process for one submission, inside a bubblewrap sandbox, and the grader's end of its pipes.
+
+The sandbox (`bwrap`, Debian's `bubblewrap` package) gives the worker:
+- its own PID, network, IPC and UTS namespaces: no network at all, and no other process visible
+  (not the grader, not a classmate's worker); killing it at the end kills everything it started;
+- a filesystem of read-only system folders, the Python installation, the virtual environment
+  and the `mpcourse` package, plus one fresh writable work folder and a small /tmp. Nothing else
+  of the machine is there: not `solutions/`, other submissions, the gradebook or anyone's home;
+- limits on memory, CPU time, file size and processes (`worker.confine`), an unprivileged user
+  when the grader runs as root, and a count of its output bytes as they arrive.
+
+Every reply is one JSON line echoing its request's number, read under the submission's deadline and a size cap; a worker
+that dies, stalls, floods its output or answers nonsense is reported, never trusted.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKER = Path(__file__).with_name("worker.py")
+NOBODY = 65534
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
+                "bubblewrap`), or grade anyway, unprotected, with --unsafe-no-sandbox")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission's worker may use."""
+    memory: int = 6 << 30       # bytes of address space (torch alone maps about 1.5 GiB)
+    cpu: int = 600              # CPU seconds, all threads together
+    file_size: int = 64 << 20   # bytes in any one file it writes
+    processes: int = 2048       # processes and threads of the sandbox user
+    output: int = 32 << 20      # bytes printed before the worker is stopped
+    reply: int = 256 << 20      # bytes in one reply
+
+
+class WorkerGone(Exception):
+    """The worker died, stalled past the deadline, printed too much or broke the protocol."""
+
+
+class RequestFailed(Exception):
+    """The worker is alive but answered a request with a failure (a missing name, bad data...)."""
+
+
+@functools.lru_cache(maxsize=None)
+def sandbox_problem() -> str | None:
+    """Why no sandbox can be made here (None when one can)."""
+    if sys.platform != "linux":
+        return f"the sandbox needs Linux namespaces; this is {sys.platform}"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (`bwrap`) is not installed"
+    with tempfile.TemporaryDirectory(prefix="mpcourse-sandbox-check-") as folder:
+        try:
+            done = subprocess.run(_bwrap(folder) + [sys.executable, "-I", "-c", "pass"], capture_output=True,
+                                  timeout=60, text=True)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"bwrap could not start: {error}"
+    if done.returncode != 0:
+        return f"bwrap cannot create namespaces here: {done.stderr.strip()[:300]}"
+    return None
+
+
+def _bwrap(workdir: str) -> list[str]:
+    """The bubblewrap command line around a process that may write `workdir` only."""
+    root = os.geteuid() == 0
+    args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(64 << 20), "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
+    if not root:
+        args.append("--unshare-user")
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = Path("/" + name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    import mpcourse
+    needed = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+              str(Path(mpcourse.__file__).resolve().parent)}
+    needed = sorted(path for path in needed if not path.startswith("/usr/"))
+    for folder in sorted({str(parent) for path in needed for parent in Path(path).parents} - {"/"}):
+        args += ["--perms", "0755", "--dir", folder]  # e.g. /root: traversable, its other files absent
+    for path in needed:
+        args += ["--ro-bind", path, path]
+    return args + ["--perms", "0755", "--dir", "/home", "--bind", workdir, "/home/learner", "--chdir", "/home/learner", "--clearenv",
+                   "--setenv", "HOME", "/home/learner", "--setenv", "PATH", "/usr/bin:/bin",
+                   "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "MPLBACKEND", "Agg", "--"]
+
+
+class Sandbox:
+    """One worker process and its pipes. `request` sends a JSON request and returns the reply."""
+
+    def __init__(self, limits: Limits, deadline: float, sandboxed: bool = True, trusted: bool = False):
+        self.limits, self.printed, self.flooded, self.tail = limits, 0, False, b""
+        self.workdir = tempfile.mkdtemp(prefix="mpcourse-grade-")
+        config = {"memory": limits.memory, "cpu": limits.cpu, "file_size": limits.file_size}
+        if sandboxed and os.geteuid() == 0:
+            os.chown(self.workdir, NOBODY, NOBODY)
+            config.update(user=NOBODY, processes=limits.processes)
+        command = [sys.executable, "-I", str(WORKER), json.dumps(config)]
+        if sandboxed:
+            command = _bwrap(self.workdir) + command
+        home = {"HOME": self.workdir, "IPYTHONDIR": os.path.join(self.workdir, ".ipython"), "MPLBACKEND": "Agg"}
+        env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin")
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, cwd=self.workdir, env=env, start_new_session=True)
+        self._buffer, self._requests = b"", 0
+        self._drain = threading.Thread(target=self._count_output, daemon=True)
+        self._drain.start()
+        try:
+            self._receive(deadline)  # {"ready": true} once torch is loaded and the limits are set
+        except WorkerGone:
+            self.close()
+            raise
+
+    def _count_output(self):
+        """Read and drop the learner's output, counting it; too much stops the worker."""
+        for chunk in iter(lambda: self.process.stderr.read1(1 << 16), b""):
+            self.printed += len(chunk)
+            self.tail = (self.tail + chunk)[-2000:]
+            if self.printed > self.limits.output and not self.flooded:
+                self.flooded = True
+                self.kill()
+
+    def request(self, message: dict, deadline: float) -> dict:
+        self._requests += 1
+        data = (json.dumps(dict(message, id=self._requests)) + "\n").encode()
+        try:
+            self._send(data, deadline)
+        except (BrokenPipeError, OSError):
+            raise self._gone("stopped reading requests") from None
+        reply = self._receive(deadline, self._requests)
+        if "failed" in reply:
+            raise RequestFailed(f"the submission's process could not serve {message.get('op')!r}: "
+                                f"{str(reply['failed'])[:200]}")
+        return reply
+
+    def _send(self, data: bytes, deadline: float):
+        fd = self.process.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                raise self._gone("timed out")
+            view = view[os.write(fd, view[: 1 << 16]):]
+
+    def _receive(self, deadline: float, number: int = 0) -> dict:
+        """The next reply that answers request `number`; lines that don't (a submission can write
+        on this pipe too) are skipped."""
+        fd = self.process.stdout.fileno()
+        while True:
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    raise self._gone("timed out")
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise self._gone("died")
+                self._buffer += chunk
+                if len(self._buffer) > self.limits.reply:
+                    raise self._gone(f"sent a reply over {self.limits.reply >> 20} MiB")
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            if type(reply) is dict and reply.get("id") == number:
+                return reply
+
+    def _gone(self, what: str) -> WorkerGone:
+        self.kill()
+        self.process.wait()
+        if self.flooded:
+            what = f"printed more than {self.limits.output >> 20} MiB"
+        elif what == "died" and self.process.returncode and self.process.returncode < 0:
+            what = f"was killed by {signal.Signals(-self.process.returncode).name} (a crash or a limit)"
+        elif what == "died":
+            what = "died (os._exit, a crash or a limit)"
+        if os.environ.get("MPCOURSE_GRADE_DEBUG"):
+            print(f"[worker {what}, exit {self.process.returncode}] {self.tail.decode(errors='replace')}", file=sys.stderr)
+        return WorkerGone(f"the submission's process {what}")
+
+    def kill(self):
+        """Stop the worker and everything it started (with the sandbox: its whole PID namespace)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self):
+        self.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._drain.join(timeout=5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,207 @@
+"""The process that runs a submission's code, inside the sandbox, and answers the grader's requests.
+
+Started by `mpcourse.grading.sandbox` as `python -I worker.py LIMITS`. It reads one JSON request
+per line on stdin and writes one JSON reply per line on its original stdout; the learner's own
+output goes to stderr, which the grader counts and discards. Before any learner code runs it
+sets its resource limits and, started as root, becomes an unprivileged user.
+
+Nothing here is trusted: the learner's code runs in this process and may change any of it. The
+grader treats every reply as untrusted data (`codec.decode`), never as a verdict.
+
+Requests (`op`): `run_cell` (a learner's code cell), `describe` (what each answer name holds),
+`value`, `call` and `code_names` (one answer, for a test running in the grader), and `record`
+(run tests beside the answers and return what each call of an answer did, see `Recorder`).
+"""
+import importlib.util
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _load(name):
+    """A sibling module by path: this process must not import mpcourse (and its dependencies)."""
+    spec = importlib.util.spec_from_file_location(f"_mpcourse_grading_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+codec, verdict = _load("codec"), _load("verdict")
+dumps, loads = json.dumps, json.loads  # taken before any learner code can replace them
+
+
+def confine(limits):
+    """Resource limits, then (when root) an unprivileged user: before any learner code runs."""
+    for name, value in (("RLIMIT_AS", limits.get("memory")), ("RLIMIT_CPU", limits.get("cpu")),
+                        ("RLIMIT_FSIZE", limits.get("file_size")), ("RLIMIT_NPROC", limits.get("processes")),
+                        ("RLIMIT_CORE", 0)):
+        if value is not None:
+            resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+    user = limits.get("user")
+    if user is not None and os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(user)
+        os.setuid(user)
+
+
+class Recorder:
+    """An answer wrapped so that each call the test makes is logged as data.
+
+    The log entry holds the result (or the exception's type), the state of the arguments after
+    the call, and whether the call could have gone through plain data (`codec.encode`) instead.
+    Calls an answer makes to another answer are not logged: only the test's own calls count.
+    """
+    depth = 0
+
+    def __init__(self, name, target, log):
+        self._name, self._target, self._log = name, target, log
+
+    def __call__(self, *args, **kwargs):
+        if Recorder.depth:
+            return self._target(*args, **kwargs)
+        before = _plain_shape((args, kwargs))
+        Recorder.depth += 1
+        try:
+            result = self._target(*args, **kwargs)
+        except BaseException as error:
+            self._log.append({"call": self._name, "raised": codec.encode_error(error),
+                              "after": codec.encode_state([list(args), kwargs]), "plain": before is not None})
+            raise
+        finally:
+            Recorder.depth -= 1
+        plain = before is not None and before == _plain_shape((args, kwargs)) and _plain_shape(result) is not None
+        self._log.append({"call": self._name, "result": codec.encode_state(result),
+                          "after": codec.encode_state([list(args), kwargs]), "plain": plain})
+        return result
+
+    def __getattr__(self, attribute):
+        if attribute != "__code__":  # the grader can answer __code__ for a test it runs itself
+            self._log.append({"call": self._name, "attribute": attribute, "plain": False})
+        return getattr(self._target, attribute)
+
+
+def _plain_shape(value):
+    """`value` as plain data with tensor contents left out (in-place tensor changes are carried
+    back separately), or None if it is not plain data."""
+    try:
+        encoded = codec.encode(value)
+    except codec.NotPlainData:
+        return None
+    return _strip_data(encoded)
+
+
+def _strip_data(encoded):
+    if isinstance(encoded, list):
+        return "[" + ",".join(_strip_data(v) for v in encoded) + "]"
+    if isinstance(encoded, dict):
+        return "{" + ",".join(f"{k}:{_strip_data(v)}" for k, v in encoded.items() if k != "data") + "}"
+    return json.dumps(encoded)
+
+
+class Worker:
+    def __init__(self):
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+        config = Config()
+        config.HistoryManager.enabled = False  # no history database, in the sandbox or anywhere else
+        self.shell = InteractiveShell.instance(config=config, colors="NoColor")
+        self.namespace = self.shell.user_ns
+
+    def run_cell(self, source):
+        result = self.shell.run_cell(source, store_history=False)
+        error = result.error_before_exec or result.error_in_exec
+        return {"error": None if error is None else _describe(error)}
+
+    def describe(self, names):
+        return {"kinds": {n: ("missing" if n not in self.namespace else
+                              "callable" if callable(self.namespace[n]) else "value") for n in names}}
+
+    def answer(self, name):
+        if name not in self.namespace:
+            raise NameError(f"name {name!r} is not defined")
+        return self.namespace[name]
+
+    def value(self, name):
+        return {"value": codec.encode(self.answer(name))}
+
+    def call(self, name, args, kwargs):
+        args, kwargs = codec.decode(args), codec.decode(kwargs)
+        tensors = _tensors_in((args, kwargs))
+        before = [t.clone() for t in tensors]
+        try:
+            reply = {"value": codec.encode(self.answer(name)(*args, **kwargs))}
+        except Exception as error:
+            reply = {"raised": codec.encode_error(error)}
+        reply["mutated"] = [[i, codec.encode(t)] for i, (t, b) in enumerate(zip(tensors, before))
+                            if t.shape != b.shape or t.dtype != b.dtype or not _same_bits(t, b)]
+        return reply
+
+    def code_names(self, name):
+        return {"names": [str(n) for n in getattr(self.answer(name), "__code__").co_names]}
+
+    def record(self, setup, answer_cells, answers, tests):
+        """Run the tests beside the answers; per test: passed, reason and the log of its calls."""
+        for cell in setup:  # imports and helpers first: an answer's defaults may use them
+            verdict.run_test(cell, self.namespace, "setup")
+        errors = [e for e in (self.run_cell(c)["error"] for c in answer_cells) if e]
+        for cell in setup:  # again, now that cells calling the answers can run
+            verdict.run_test(cell, self.namespace, "setup")
+        log, out = [], []
+        for name in answers:
+            if name in self.namespace and callable(self.namespace[name]):
+                self.namespace[name] = Recorder(name, self.namespace[name], log)
+        for test_id, source in tests:
+            log.clear()
+            passed, reason = verdict.run_test(source, self.namespace, test_id)
+            out.append({"id": test_id, "passed": passed, "reason": reason, "calls": list(log)})
+        return {"tests": out, "errors": errors}
+
+
+def _describe(error):
+    message = verdict.first_line(error, 300)
+    return type(error).__name__ + (": " + message if message else "")
+
+
+def _tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    return []
+
+
+def _same_bits(a, b):
+    return a.numel() == 0 or a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8))
+
+
+def main():
+    limits = loads(sys.argv[1])
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    os.dup2(2, 1)  # the learner's prints go to stderr, which the grader counts and drops
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    sys.stdin = open(os.devnull)
+    worker = Worker()
+    confine(limits)
+    replies.write(dumps({"ready": True, "id": 0}) + "\n")
+    replies.flush()
+    for line in requests:
+        request = loads(line)
+        op, number = request.pop("op"), request.pop("id")
+        try:
+            reply = getattr(worker, op)(**request)
+        except BaseException as error:  # noqa: BLE001: the reply says what went wrong
+            reply = {"failed": _describe(error)}
+        replies.write(dumps(dict(reply, id=number)) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()
