@@ -324,10 +324,24 @@ def explain(op_name: str, device_type: str) -> Explanation:
                            f"{inner_category}; so in practice it runs as {inner_category}.")
     elsewhere = [d for d in DEVICE_TYPES if d != device_type and policy_for(d).category(base)]
     note = "".join(f" (under {d} autocast it is {policy_for(d).category(base)})" for d in elsewhere)
+    when, inners = _REWRITTEN_WHEN.get(base, ("", ()))
+    listed = [inner for inner in inners if policy.category(inner)]
+    rewrites = [f"; but {when} torch calls {' or '.join('aten::' + i for i in listed)} in C++, "
+                f"{'which is' if len(listed) == 1 else 'both'} {policy.category(listed[0])}"
+                ] if listed else []
     return Explanation(name, device_type, None,
                        f"aten::{base} has no {key} kernel: it runs in the dtype its inputs already "
                        f"have, by ordinary type promotion, so after a {_short(policy.default_dtype)} "
-                       f"matmul it computes in {_short(policy.default_dtype)}{note}.")
+                       f"matmul it computes in {_short(policy.default_dtype)}{note}{''.join(rewrites)}.")
+
+
+# The conditional rewrites of `dispatched_as`, in words, for `explain`.
+_REWRITTEN_WHEN = {
+    "pad": ('with mode "reflect" or "replicate" on two dimensions',
+            ("reflection_pad2d", "replication_pad2d")),
+    **{rnn: ("on a float32 CPU input with oneDNN enabled", ("mkldnn_rnn_layer",))
+       for rnn in _MKLDNN_RNNS},
+}
 
 
 _SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",

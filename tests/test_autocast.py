@@ -584,6 +584,10 @@ def test_explain_gives_the_category_and_the_reason():
     assert "dtype argument" in explain("softmax", "cuda").reason
     assert explain("aten::cat", "cpu").category == PROMOTE
     assert "aten::bmm" in explain("einsum", "cpu").reason and explain("einsum", "cpu").category is None
+    assert "contracts" in explain("einsum", "cpu").reason
+    assert "reflection_pad2d" in explain("pad", "cpu").reason and "both fp32" in explain("pad", "cpu").reason
+    assert "mkldnn_rnn_layer" in explain("lstm", "cpu").reason
+    assert "but" not in explain("pad", "cuda").reason and "but" not in explain("gru", "cpu").reason
     assert "banned" in explain("binary_cross_entropy", "cuda").reason
     for device_type in ["cpu", "cuda"]:
         policy = policy_for(device_type)
