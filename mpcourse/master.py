@@ -197,10 +197,14 @@ class _Pair:
 
     def __init__(self, working: torch.Tensor):
         self.working = working
-        self.master = working.detach().float().requires_grad_(working.requires_grad)
+        self.master = working.detach().float().requires_grad_(True)
         self.copied: tuple[_Seen, _Seen] | None = None
-        if working.requires_grad:
-            working.register_post_accumulate_grad_hook(lambda _: self.copy_gradient())
+        # A frozen parameter is unfrozen for a moment to take the hook, so that if it is unfrozen
+        # later its gradients still reach the master in backward, before a loss scaler looks.
+        frozen = not working.requires_grad
+        working.requires_grad_(True)
+        working.register_post_accumulate_grad_hook(lambda _: self.copy_gradient())
+        working.requires_grad_(not frozen)
 
     def copy_gradient(self) -> None:
         """Make the master's gradient the working gradient in FP32 (exact: 16 -> 32 bits)."""

@@ -438,6 +438,24 @@ def test_frozen_parameters_are_accepted_and_left_alone():
     assert_same(list(model.parameters()), opt, reference)
 
 
+@pytest.mark.parametrize("scaler", [GradScaler, lambda: torch.amp.GradScaler("cpu")])
+def test_a_parameter_unfrozen_later_trains_as_if_never_frozen(scaler):
+    runs = []
+    for freeze in (False, True):
+        model = mlp(torch.float16)
+        model[0].weight.requires_grad_(not freeze)
+        opt = MasterWeightOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+        model[0].weight.requires_grad_(True)
+        grad_scaler = scaler()
+        for x, y in batches(3):
+            opt.zero_grad()
+            grad_scaler.scale(loss_of(model, x, y)).backward()
+            grad_scaler.step(opt)
+            grad_scaler.update()
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_add_param_group_makes_masters_for_the_new_parameters():
     model, twin = mlp(torch.bfloat16), mlp(torch.bfloat16)
     opt = MasterWeightOptimizer(model[0].parameters(), torch.optim.AdamW, lr=1e-2)
