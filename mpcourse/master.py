@@ -162,6 +162,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 pair.master.copy_(value)
                 pair.working.copy_(pair.master)
 
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a MasterWeightOptimizer is bound to its model's parameters by gradient "
+                        "hooks and cannot be copied or pickled: save state_dict() and load it "
+                        "into one built on the new model's parameters")
+
     def _on_masters(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:
             self._round_into_working()

@@ -1,5 +1,6 @@
 """MasterWeightOptimizer: FP32 masters behind 16-bit working parameters."""
 import copy
+import pickle
 
 import pytest
 import torch
@@ -486,6 +487,13 @@ def test_a_group_added_to_the_inner_optimizer_directly_is_refused():
     loss_of(model, *batches(1)[0]).backward()
     with pytest.raises(ValueError, match="add_param_group"):
         opt.step()
+
+
+def test_copying_or_pickling_points_to_state_dict():
+    opt = MasterWeightOptimizer(mlp(torch.float16).parameters(), torch.optim.SGD, lr=0.1)
+    for copy_it in (copy.deepcopy, copy.copy, pickle.dumps):
+        with pytest.raises(TypeError, match="state_dict"):
+            copy_it(opt)
 
 
 def test_step_hooks_state_dict_and_named_parameters_work_as_with_any_optimizer():
