@@ -34,4 +34,6 @@ LESSONS = (
            "DDP gradient compression and FSDP2 mixed-precision policies", "multi-gpu"),
     Lesson("09", "The mixed-precision clinic", "09_clinic.ipynb",
            "the failures people hit most, reproduced and fixed", "any"),
+    Lesson("11", "Beyond FP32 master weights", "11_beyond_master_weights.ipynb",
+           "stochastic rounding, Kahan compensation and 8-bit optimizer states, by the byte", "any"),
 )

@@ -119,7 +119,7 @@ class LadderRunConfig(RunConfig):
             return AdamW(params, **kwargs), params
         if rung.weight_update == "kahan":
             return KahanOptimizer(params, AdamW, **kwargs), params
-        generator = torch.Generator().manual_seed(self.seed)
+        generator = torch.Generator(device=params[0].device).manual_seed(self.seed)
         return StochasticRoundingOptimizer(params, AdamW, generator=generator, **kwargs), params
 
 
