@@ -7,7 +7,6 @@ include them, so the clinic lists 17 cases.
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 from typing import Any
 
@@ -19,8 +18,6 @@ from torch.utils.checkpoint import CheckpointError, checkpoint
 from mpcourse.autocast import autocast as mpcourse_autocast
 from mpcourse.clinic import Case, _regression_data, _scale_dropped, _seeded
 from mpcourse.master import MasterWeightOptimizer
-
-FP16_SMALLEST_SUBNORMAL = torch.finfo(torch.float16).smallest_normal * 2.0**-10  # 2**-24
 
 
 # ---------------------------------------------------------------------------------------------

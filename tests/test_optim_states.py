@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
+import torchao.optim as torchao_optim  # the reference implementation (a dev dependency)
 
 from mpcourse.formats import FP8_E4M3, round_to
 from mpcourse.optim_states import AdamW, dequantize_blockwise, quantize_blockwise
-
-import torchao.optim as torchao_optim  # noqa: E402  (a dev dependency)
 
 
 @pytest.fixture
