@@ -3,6 +3,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpcourse.formats import BF16, FP16, round_to
 from mpcourse.master import MasterWeightOptimizer
@@ -34,6 +36,15 @@ def test_fixed_random_bits_give_the_float64_reference_bit_for_bit(fmt):
     r = torch.randint(0, 2**25, x.shape, generator=g, dtype=torch.int32)
     got = stochastic_round(x, fmt, random_bits=r)
     assert torch.equal(got.double(), _reference(x, fmt, r))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=2**-126, max_value=2.0**127, width=32), st.booleans(),
+       st.integers(min_value=0, max_value=2**25 - 1))
+def test_any_normal_bf16_value_and_bits_match_the_reference(magnitude, negative, r):
+    x = torch.tensor([-magnitude if negative else magnitude])
+    bits = torch.tensor([r], dtype=torch.int32)
+    assert torch.equal(stochastic_round(x, BF16, random_bits=bits).double(), _reference(x, BF16, bits))
 
 
 @pytest.mark.parametrize("fmt", [BF16, FP16], ids=lambda f: f.name)
