@@ -111,6 +111,18 @@ class AdamW(torch.optim.Optimizer):
         denom = exp_avg_sq.sqrt() / bias_correction2.sqrt() + group["eps"]
         p.copy_(weight - lr * (exp_avg / bias_correction1) / denom)
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a `state_dict()`, keeping the moments in this optimizer's storage dtype.
+
+        (torch.optim casts floating-point state to each parameter's dtype on loading; the
+        cast to FP32 and back is exact for BF16 and FP8 values.)
+        """
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for name in MOMENTS:
+                if name in state:
+                    state[name] = state[name].to(STATE_DTYPES[self.state_format])
+
     def _new_moment(self, state: dict, name: str, p: torch.Tensor) -> None:
         state[name] = torch.zeros(p.shape, dtype=STATE_DTYPES[self.state_format], device=p.device)
         if self.state_format == "8bit":

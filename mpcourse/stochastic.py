@@ -161,6 +161,18 @@ class StochasticRoundingOptimizer(LowPrecisionWeightOptimizer):
         self.generator = generator
         super().__init__(params, optimizer_cls, **optimizer_kwargs)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state, with the rounding generator's, so that a resumed run draws the same bits."""
+        state = super().state_dict()
+        if self.generator is not None:
+            state["generator"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.generator is not None and "generator" in state_dict:
+            self.generator.set_state(state_dict["generator"])
+
     def store(self, working: torch.Tensor, exact: torch.Tensor) -> None:
         fmt = FORMAT_OF_DTYPE[working.dtype]
         working.copy_(stochastic_round(exact, fmt, generator=self.generator))

@@ -99,6 +99,18 @@ def test_an_outlier_zeroes_its_block_neighbours():
     assert math.isclose(FP8_E4M3.smallest_subnormal, 2**-9)
 
 
+@pytest.mark.parametrize("state_format", ["bf16", "8bit"])
+def test_loading_a_state_dict_keeps_the_storage_dtype(state_format):
+    init, grads = _problem(steps=2)
+    _, saved = _run(lambda ps: AdamW(ps, state_format=state_format, **KW), init, grads)
+    restored = AdamW([torch.nn.Parameter(init.clone())], state_format=state_format, **KW)
+    restored.load_state_dict(saved.state_dict())
+    for name in ("exp_avg", "exp_avg_sq"):
+        got, want = next(iter(restored.state.values()))[name], next(iter(saved.state.values()))[name]
+        assert got.dtype == want.dtype != torch.float32
+        assert torch.equal(got.float(), want.float())
+
+
 def test_rejects_unknown_state_formats_and_block_sizes():
     p = [torch.nn.Parameter(torch.ones(2))]
     with pytest.raises(ValueError, match="state_format 'int4'.*fp32, bf16, 8bit"):

@@ -43,6 +43,16 @@ def test_each_rung_builds_its_optimizer_and_trains_through_the_one_loop(one_thre
         assert result.losses[-1] < result.losses[0] + 0.5
 
 
+@pytest.mark.parametrize("key", list(RUNGS))
+def test_a_resumed_run_continues_bit_for_bit(key, tmp_path, one_thread):
+    config = LadderRunConfig(rung=key, **{**TINY, "steps": 6})
+    whole = train(config)
+    path = tmp_path / "checkpoint.pt"
+    train(LadderRunConfig(rung=key, **{**TINY, "steps": 3}), checkpoint_path=path)
+    resumed = train(config, checkpoint_path=path, resume=True)
+    assert resumed.losses == whole.losses
+
+
 def test_rejects_switches_a_rung_cannot_honour():
     with pytest.raises(ValueError, match="unknown rung 'int4'"):
         LadderRunConfig(rung="int4")
