@@ -101,9 +101,7 @@ class Quantized:
 
     def block_scales(self) -> torch.Tensor:
         """Each element's full scale (block scale times tensor scale), shaped like `elements`."""
-        rows, cols = _block_shape(self.elements, self.recipe)
-        full = (self.scales * self.tensor_scale).repeat_interleave(rows, 0)
-        return full.repeat_interleave(cols, 1)
+        return _per_element(self.scales * self.tensor_scale, self.elements, self.recipe)
 
     def dequantize(self) -> torch.Tensor:
         return self.elements * self.block_scales()
@@ -160,8 +158,7 @@ def quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = 
         scales = round_to(amax / recipe.element.max / tensor_scale, recipe.scale_format)
     else:
         scales = current_scale(amax, recipe)
-    rows, cols = _block_shape(x2, recipe)
-    full = (scales * tensor_scale).repeat_interleave(rows, 0).repeat_interleave(cols, 1)
+    full = _per_element(scales * tensor_scale, x2, recipe)
     # A block scale of 0 (an NVFP4 block far below the tensor's amax) flushes the block to 0.
     scaled = x2.float() / torch.where(full == 0, torch.ones_like(full), full)
     limit = recipe.element.max
@@ -174,12 +171,18 @@ def fake_quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | No
     return quantize(x, recipe, amax).dequantize().reshape(x.shape).to(x.dtype)
 
 
-def snr_db(x: torch.Tensor, recipe: BlockScaling) -> float:
+def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = None) -> float:
     """The quantization signal-to-noise ratio of `recipe` on `x`, in decibels:
-    10 log10(sum x**2 / sum (x - fake_quantize(x))**2). Each 6 dB is about one bit."""
+    10 log10(sum x**2 / sum (x - fake_quantize(x))**2). Each 6 dB is about one bit.
+
+    `where` (a boolean mask like x) counts only some elements, though all are quantized: the
+    SNR of the ordinary values next to an outlier, which the outlier's energy would hide."""
     x = x.detach().float()
-    noise = (x - fake_quantize(x, recipe)).double().pow(2).sum()
-    return 10 * math.log10(x.double().pow(2).sum().item() / max(noise.item(), 1e-300))
+    error = x - fake_quantize(x, recipe)
+    if where is not None:
+        x, error = x[where], error[where]
+    noise = error.double().pow(2).sum().item()
+    return 10 * math.log10(x.double().pow(2).sum().item() / max(noise, 1e-300))
 
 
 def _as_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -187,6 +190,14 @@ def _as_matrix(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"quantize needs a floating-point tensor with at least one dimension, "
                          f"got {x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
     return x.reshape(-1, x.shape[-1])
+
+
+def _per_element(scales: torch.Tensor, x: torch.Tensor, recipe: BlockScaling) -> torch.Tensor:
+    """One scale per block, spread to one per element of 2-D `x` (a broadcast, not a copy loop)."""
+    rows, cols = _block_shape(x, recipe)
+    blocks_down, blocks_across = scales.shape
+    spread = scales[:, None, :, None].expand(blocks_down, rows, blocks_across, cols)
+    return spread.reshape(x.shape)
 
 
 def _block_shape(x: torch.Tensor, recipe: BlockScaling) -> tuple[int, int]:
