@@ -128,15 +128,16 @@ def _survivors():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grading")
-    solutions = tmp / "solutions"
+    solutions, submissions = tmp / "solutions", tmp / "submissions"  # the saboteurs attack only pytest's folders
     shutil.copytree(ROOT / "solutions", solutions)
-    before = {"solutions": _digests(solutions), "submissions": _digests(FIXTURES)}
+    shutil.copytree(FIXTURES, submissions)
+    before = {"solutions": _digests(solutions), "submissions": _digests(submissions)}
     env = dict(os.environ, MPCOURSE_SABOTAGE_TARGET=str(solutions / "ex00_bytes.ipynb"))
     # the saboteurs go first and the partial answer last, so a successful sabotage would show
     first = ["ex00_sabotage", "ex00_ipython_startup", "ex00_detached_process"]
-    paths = [FIXTURES / f"{name}.ipynb" for name in first] + sorted(
-        FIXTURES / f"{name}.ipynb" for name in MANIFEST if name not in first + ["ex00_partial"]) + \
-        [FIXTURES / "ex00_partial.ipynb"]
+    paths = [submissions / f"{name}.ipynb" for name in first] + sorted(
+        submissions / f"{name}.ipynb" for name in MANIFEST if name not in first + ["ex00_partial"]) + \
+        [submissions / "ex00_partial.ipynb"]
     result = _mpcourse("grade", *map(str, paths), "--solutions", str(solutions), "--timeout", "30",
                        "--jobs", "2", "--json", "--csv", str(tmp / "grades.csv"), env=env)
     assert result.returncode == 0, result.stderr
@@ -144,7 +145,7 @@ def graded(tmp_path_factory):
     time.sleep(1)  # a detached process would have had time to act
     return SimpleNamespace(
         submissions={Path(s["path"]).stem: s for s in report["submissions"]}, gradebook=tmp / "grades.csv",
-        before=before, after={"solutions": _digests(solutions), "submissions": _digests(FIXTURES)},
+        before=before, after={"solutions": _digests(solutions), "submissions": _digests(submissions)},
         survivors=_survivors(), solutions=solutions, tmp=tmp)
 
 

@@ -146,7 +146,12 @@ class NotebookRunner:
         self.cells, self.options, self.deadline, self.notes = cells, options, deadline, notes
         self.skipped, self.restarts, self.first_error, self.over = set(), 0, None, None
         self.worker = None
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            if self.worker is not None:
+                self.worker.close()
+            raise
 
     def _start(self):
         while True:

@@ -4,8 +4,9 @@ The sandbox (`bwrap`, Debian's `bubblewrap` package) gives the worker:
 - its own PID, network, IPC and UTS namespaces: no network at all, and no other process visible
   (not the grader, not a classmate's worker); killing it at the end kills everything it started;
 - a filesystem of read-only system folders, the Python installation, the virtual environment
-  and the `mpcourse` package, plus one fresh writable work folder and a small /tmp. Nothing else
-  of the machine is there: not `solutions/`, other submissions, the gradebook or anyone's home;
+  and the `mpcourse` package, plus a small writable home (its work folder) and /tmp, both in
+  memory and gone with it. Nothing else of the machine is there: not `solutions/`, other
+  submissions, the gradebook or anyone's home;
 - limits on memory, CPU time, file size and processes (`worker.confine`), an unprivileged user
   when the grader runs as root, and a count of its output bytes as they arrive.
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKER = Path(__file__).with_name("worker.py")
-NOBODY = 65534
+NOBODY = 65534  # the unprivileged user a worker started as root becomes
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
                 "bubblewrap`), or grade anyway, unprotected, with --unsafe-no-sandbox")
 
@@ -40,6 +41,8 @@ class Limits:
     memory: int = 6 << 30       # bytes of address space (torch alone maps about 1.5 GiB)
     cpu: int = 600              # CPU seconds, all threads together
     file_size: int = 64 << 20   # bytes in any one file it writes
+    home: int = 256 << 20       # bytes of its home folder, the work folder (in memory)
+    tmp: int = 64 << 20         # bytes of its /tmp (in memory)
     processes: int = 2048       # processes and threads of the sandbox user
     output: int = 32 << 20      # bytes printed before the worker is stopped
     reply: int = 256 << 20      # bytes in one reply
@@ -60,23 +63,22 @@ def sandbox_problem() -> str | None:
         return f"the sandbox needs Linux namespaces; this is {sys.platform}"
     if shutil.which("bwrap") is None:
         return "bubblewrap (`bwrap`) is not installed"
-    with tempfile.TemporaryDirectory(prefix="mpcourse-sandbox-check-") as folder:
-        try:
-            done = subprocess.run(_bwrap(folder) + [sys.executable, "-I", "-c", "pass"], capture_output=True,
-                                  timeout=60, text=True)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"bwrap could not start: {error}"
+    try:
+        done = subprocess.run(_bwrap(Limits()) + [sys.executable, "-I", "-c", "pass"], capture_output=True,
+                              timeout=60, text=True)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bwrap could not start: {error}"
     if done.returncode != 0:
         return f"bwrap cannot create namespaces here: {done.stderr.strip()[:300]}"
     return None
 
 
-def _bwrap(workdir: str) -> list[str]:
-    """The bubblewrap command line around a process that may write `workdir` only."""
+def _bwrap(limits: Limits) -> list[str]:
+    """The bubblewrap command line around a process that may write only its own small home and /tmp."""
     root = os.geteuid() == 0
     args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
-            "--size", str(64 << 20), "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
+            "--size", str(limits.tmp), "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
     if not root:
         args.append("--unshare-user")
     for name in ("bin", "sbin", "lib", "lib32", "lib64"):
@@ -93,9 +95,23 @@ def _bwrap(workdir: str) -> list[str]:
         args += ["--perms", "0755", "--dir", folder]  # e.g. /root: traversable, its other files absent
     for path in needed:
         args += ["--ro-bind", path, path]
-    return args + ["--perms", "0755", "--dir", "/home", "--bind", workdir, "/home/learner", "--chdir", "/home/learner", "--clearenv",
+    return args + ["--perms", "0755", "--dir", "/home", "--size", str(limits.home), "--perms", "1777", "--tmpfs",
+                   "/home/learner", "--chdir", "/home/learner", "--clearenv",
                    "--setenv", "HOME", "/home/learner", "--setenv", "PATH", "/usr/bin:/bin",
                    "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "MPLBACKEND", "Agg", "--"]
+
+
+def _tasks_of(uid: int) -> int:
+    """Threads of all processes that `uid` runs now (what RLIMIT_NPROC counts)."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            count += int(fields.get("Threads", "1").strip() or 1)
+    return count
 
 
 class Sandbox:
@@ -103,18 +119,22 @@ class Sandbox:
 
     def __init__(self, limits: Limits, deadline: float, sandboxed: bool = True, trusted: bool = False):
         self.limits, self.printed, self.flooded, self.tail = limits, 0, False, b""
-        self.workdir = tempfile.mkdtemp(prefix="mpcourse-grade-")
         config = {"memory": limits.memory, "cpu": limits.cpu, "file_size": limits.file_size}
-        if sandboxed and os.geteuid() == 0:
-            os.chown(self.workdir, NOBODY, NOBODY)
-            config.update(user=NOBODY, processes=limits.processes)
-        command = [sys.executable, "-I", str(WORKER), json.dumps(config)]
-        if sandboxed:
-            command = _bwrap(self.workdir) + command
-        home = {"HOME": self.workdir, "IPYTHONDIR": os.path.join(self.workdir, ".ipython"), "MPLBACKEND": "Agg"}
-        env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin")
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, cwd=self.workdir, env=env, start_new_session=True)
+        command = [sys.executable, "-I", str(WORKER)]
+        if sandboxed:  # its home and /tmp are small memory file systems that vanish with it
+            self.workdir = None
+            if os.geteuid() == 0:
+                config.update(user=NOBODY, processes=limits.processes)
+            else:  # the limit counts all this user's processes and threads, the grader's included
+                config.update(processes=_tasks_of(os.geteuid()) + limits.processes)
+            command = _bwrap(limits) + command
+            env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
+        else:
+            self.workdir = cwd = tempfile.mkdtemp(prefix="mpcourse-grade-")
+            home = {"HOME": cwd, "IPYTHONDIR": os.path.join(cwd, ".ipython"), "MPLBACKEND": "Agg"}
+            env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin")
+        self.process = subprocess.Popen(command + [json.dumps(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
         self._buffer, self._requests = b"", 0
         self._drain = threading.Thread(target=self._count_output, daemon=True)
         self._drain.start()
@@ -173,7 +193,7 @@ class Sandbox:
             line, self._buffer = self._buffer.split(b"\n", 1)
             try:
                 reply = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if type(reply) is dict and reply.get("id") == number:
                 return reply
@@ -207,7 +227,8 @@ class Sandbox:
             except OSError:
                 pass
         self._drain.join(timeout=5)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self):
         return self
