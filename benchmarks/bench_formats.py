@@ -1,7 +1,9 @@
 """round_to (integer bit operations in Python) against torch's native cast, on 16M elements.
 
-The emulation runs about two dozen tensor operations where the native cast runs one fused
-loop, so it is slower; the target is at most 5x for the lesson's formats.
+The emulation runs about a dozen tensor operations where the native cast runs one fused loop,
+so it is slower; the target is at most 3x for FP16, BF16 and E4M3 (issue 18). The special
+cases (NaN, inf, overflow, the format's subnormals) cost extra passes only in chunks that hold
+them, so the input is ordinary data: Gaussian values times 100.
 """
 import torch
 
@@ -9,7 +11,7 @@ from mpcourse.benchmark import compare
 from mpcourse.formats import BF16, FP8_E4M3, FP16, round_to
 
 N = 1 << 24
-TARGET = 5.0
+TARGET = 3.0
 
 
 def main() -> None:

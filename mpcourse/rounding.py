@@ -118,12 +118,21 @@ class _RandomBits(NamedTuple):
         return torch.randint(0, 1 << 25, like.shape, generator=self.generator, dtype=torch.int32,
                              device=like.device)
 
+    def subset(self, index: torch.Tensor) -> "_RandomBits":
+        """The random bits of the elements at `index` (fresh draws stay fresh draws)."""
+        return _RandomBits(self.generator, None if self.supplied is None else self.supplied[index])
+
 
 def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
                      random: _RandomBits) -> torch.Tensor:
-    """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns."""
+    """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns.
+
+    The special cases (NaN, inf, overflow, fmt's subnormals) cost whole passes over the data,
+    so each runs only when the chunk holds such values: one max or min tells.
+    """
+    top = int(magnitude.max()) if magnitude.numel() else 0
     # NaN patterns (above inf's) are set aside for the end; rounding inf's pattern keeps it.
-    finite_or_inf = magnitude.clamp(max=_F32_INF)
+    finite_or_inf = magnitude.clamp(max=_F32_INF) if top > _F32_INF else magnitude
     # Where fmt has normal numbers, its values are the float32 patterns whose low
     # 23 - mantissa_bits bits are clear, so rounding means clearing those bits. A carry out of
     # the mantissa lands in the exponent field, which is exactly the next binade up.
@@ -131,27 +140,31 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
                              random)
     # Below fmt's smallest normal the spacing stops shrinking (those are its subnormals), and
     # below float32's own smallest normal float32 patterns have no implicit 1: both need the
-    # slower path. A format whose normals start where float32's do needs neither.
+    # slower path, taken only by the few elements that are that small. A format whose normals
+    # start where float32's do needs neither.
     if fmt.min_exponent != 1 - _F32_BIAS:
         below = max(_pattern(fmt.smallest_normal), _F32_SMALLEST_NORMAL)
         # A format without zero (E8M0: 2**-127 and up) has nothing below its smallest value:
         # torch's and ml_dtypes' casts round every float32 subnormal up to the next value.
         below_rounding = "away" if not fmt.has_zero and rounding.startswith("nearest") else rounding
-        if finite_or_inf.min() < below:
-            rounded = _select(_flag_above(below, finite_or_inf),
-                              _round_below_normal(finite_or_inf, fmt, below_rounding, random),
-                              rounded)
+        small = (finite_or_inf < below).nonzero().squeeze(1)
+        if small.numel():
+            rounded[small] = _round_below_normal(finite_or_inf[small], fmt, below_rounding,
+                                                 random.subset(small))
 
     largest = _pattern(fmt.max)
     # Truncation never takes a finite value past the largest one (IEEE 754 agrees).
     overflow_to = largest if rounding == "toward_zero" else {
         "inf": _F32_INF, "saturate": largest, "nan": _F32_QUIET_NAN}[fmt.overflow]
-    rounded = _select(_flag_above(rounded, largest), overflow_to, rounded)
-    if fmt.has_inf and overflow_to != _F32_INF:   # inf itself is representable: it stays inf
-        rounded = _select(_flag_above(magnitude, _F32_INF - 1), _F32_INF, rounded)
-    if not fmt.has_zero:                          # nothing lies below the smallest value
+    if top > largest:
+        rounded = _select(_flag_above(rounded, largest), overflow_to, rounded)
+        if fmt.has_inf and overflow_to != _F32_INF:   # inf itself is representable: it stays inf
+            rounded = _select(_flag_above(magnitude, _F32_INF - 1), _F32_INF, rounded)
+    if not fmt.has_zero:                              # nothing lies below the smallest value
         rounded = rounded.clamp_(min=_pattern(fmt.smallest_subnormal))
-    return _select(_flag_above(magnitude, _F32_INF), _F32_QUIET_NAN, rounded)
+    if top > _F32_INF:
+        rounded = _select(_flag_above(magnitude, _F32_INF), _F32_QUIET_NAN, rounded)
+    return rounded
 
 
 def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
@@ -211,22 +224,21 @@ def _drop_low_bits(bits: torch.Tensor, count: int | torch.Tensor, rounding: str,
     """
     dropped_mask = (1 << count) - 1
     if rounding == "toward_zero":
-        increment = 0
-    elif rounding == "stochastic":
+        return bits & ~dropped_mask
+    if rounding == "stochastic":
         # Uniform in [0, 2**count): the add carries with probability (dropped bits) / 2**count.
         increment = random.draw(bits) & dropped_mask
     elif rounding == "away":   # any dropped bit set carries: away from zero
-        increment = dropped_mask
+        return (bits + dropped_mask).bitwise_and_(~dropped_mask)
     elif rounding == "nearest_away":
         # Half a step: a tie carries. (mask + 1) >> 1 is exactly that, and 0 when nothing is dropped.
-        increment = (dropped_mask + 1) >> 1
+        return (bits + ((dropped_mask + 1) >> 1)).bitwise_and_(~dropped_mask)
     else:
         # Nearest, ties to even: half a step minus one, plus the last kept bit, so that a tie
         # carries only from an odd value. (mask + last) >> 1 is exactly that for count >= 1,
-        # and 0 when nothing is dropped.
-        last_kept_bit = (bits >> count) & 1
-        increment = (last_kept_bit + dropped_mask) >> 1
-    return (bits + increment) & ~dropped_mask
+        # and 0 when nothing is dropped. (In place, to spare the memory traffic of temporaries.)
+        increment = (bits >> count).bitwise_and_(1).add_(dropped_mask).bitwise_right_shift_(1)
+    return increment.add_(bits).bitwise_and_(~dropped_mask)
 
 
 def _pattern(value: float) -> int:

@@ -174,3 +174,15 @@ def test_quantize_rejects_blocks_that_do_not_tile_the_tensor():
     with pytest.raises(ValueError, match="floating-point tensor"):
         quantize(torch.ones(4, 32, dtype=torch.int32), MXFP8_E4M3)
     assert FP32.name == "fp32"
+
+
+def test_snr_where_counts_only_the_masked_values_next_to_an_outlier():
+    x = activations(64, 64, seed=3)
+    x[:, 0] = 1e4                               # one huge channel sets every scale per tensor
+    ordinary = torch.ones_like(x, dtype=torch.bool)
+    ordinary[:, 0] = False
+    recipe = BlockScaling("fp4 per tensor", FP4_E2M1, (None, None))
+    error = x - fake_quantize(x, recipe)
+    by_hand = 10 * math.log10(x[ordinary].double().pow(2).sum() / error[ordinary].double().pow(2).sum())
+    assert snr_db(x, recipe, ordinary) == pytest.approx(by_hand, rel=1e-12)
+    assert snr_db(x, recipe, ordinary) < 1 < 10 < snr_db(x, recipe)   # the outlier hides the damage
