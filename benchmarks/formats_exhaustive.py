@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/formats_exhaustive.py            # fp16 and bf16
     .venv/bin/python benchmarks/formats_exhaustive.py fp8_e4m3   # any formats, by name
+    .venv/bin/python benchmarks/formats_exhaustive.py all        # every format torch has a dtype for
 
 Bitwise equality, except that any NaN matches any NaN. Prints the time taken and exits
 non-zero on the first format with a mismatch. Takes minutes, so it is not part of the tests.
@@ -11,7 +12,7 @@ import time
 
 import torch
 
-from mpcourse.formats import BF16, FORMATS, FP16, round_to
+from mpcourse.formats import ALL_FORMATS, BF16, FP16, round_to
 
 CHUNK = 1 << 24
 
@@ -45,7 +46,9 @@ def check(fmt) -> bool:
 
 
 def main(names: list[str]) -> int:
-    by_name = {fmt.name: fmt for fmt in FORMATS}
+    by_name = {fmt.name: fmt for fmt in ALL_FORMATS if fmt.torch_dtype is not None}
+    if names == ["all"]:
+        names = list(by_name)
     unknown = [name for name in names if name not in by_name]
     if unknown:
         print(f"unknown format(s) {unknown}; choose from {sorted(by_name)}")
