@@ -171,14 +171,16 @@ def fake_quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | No
     return quantize(x, recipe, amax).dequantize().reshape(x.shape).to(x.dtype)
 
 
-def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = None) -> float:
+def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = None,
+           amax: torch.Tensor | None = None) -> float:
     """The quantization signal-to-noise ratio of `recipe` on `x`, in decibels:
     10 log10(sum x**2 / sum (x - fake_quantize(x))**2). Each 6 dB is about one bit.
 
     `where` (a boolean mask like x) counts only some elements, though all are quantized: the
-    SNR of the ordinary values next to an outlier, which the outlier's energy would hide."""
+    SNR of the ordinary values next to an outlier, which the outlier's energy would hide.
+    `amax` goes to `quantize` (delayed scaling)."""
     x = x.detach().float()
-    error = x - fake_quantize(x, recipe)
+    error = x - fake_quantize(x, recipe, amax)
     if where is not None:
         x, error = x[where], error[where]
     noise = error.double().pow(2).sum().item()

@@ -135,6 +135,7 @@ def test_delayed_scaling_uses_the_given_amax_and_saturates_what_grew():
     q = quantize(x, PER_TENSOR, amax=history_amax.reshape(1, 1))
     assert q.scales.item() == (history_amax / 448.0).item()
     assert (q.elements.abs() == 448.0).sum() > 1       # values above the old amax saturate
+    assert snr_db(x, PER_TENSOR, amax=history_amax.reshape(1, 1)) < snr_db(x, PER_TENSOR) - 3
 
 
 def test_finer_blocks_give_fp4_a_better_snr_on_rows_of_different_scales():
