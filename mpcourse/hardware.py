@@ -139,6 +139,10 @@ def cpu_flags() -> frozenset[str]:
 
 
 PROBE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: A 16-bit precision counts as fast when its probe matmul runs at least this many times as
+#: fast as fp32. Measured ratios are far from it on both sides: 2 to 3x where bf16 has
+#: instructions, 0.01 to 0.03x where it is emulated.
+FAST_SPEEDUP = 1.2
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,12 @@ def probe_matmuls(n: int = 256, repeats: int = 5, budget_s: float = 0.25) -> Mat
 def measured_probe() -> MatmulProbe:
     """This process's one calibration (`probe_matmuls`), measured on first use."""
     return probe_matmuls()
+
+
+def is_fast(precision: str, probe: MatmulProbe | None = None) -> bool:
+    """Whether `precision` ran at least `FAST_SPEEDUP` times fp32's speed in the CPU calibration
+    (`probe`, by default this process's `measured_probe()`); fp32, the baseline, always is."""
+    return precision == "fp32" or (probe or measured_probe()).speedup(precision) >= FAST_SPEEDUP
 
 
 def _cpu_name() -> str:

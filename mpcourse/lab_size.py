@@ -7,8 +7,9 @@ matmuls to dominate shows the real speed-up where the hardware has one, and take
 16-bit arithmetic is emulated. `lab_size()` chooses between the two from what it measures:
 
 - a CUDA GPU: GPT-2 small's shape, `LESSON_CUDA_CONFIG`;
-- a CPU on which a bf16 or fp16 matmul ran at least `FAST_SPEEDUP` times as fast as fp32 in the
-  calibration (`hardware.probe_matmuls`, well under a second): `LESSON_CPU_MATMUL_CONFIG`;
+- a CPU on which a bf16 or fp16 matmul ran at least `hardware.FAST_SPEEDUP` times as fast as
+  fp32 in the calibration (`hardware.probe_matmuls`, well under a second):
+  `LESSON_CPU_MATMUL_CONFIG`;
 - any other CPU, and Apple's MPS: the small `LESSON_CPU_CONFIG`, and `reason` says why.
 
 `REFERENCE` is one stored measurement at the matmul-bound size on a machine that accelerates
@@ -23,10 +24,6 @@ from mpcourse import hardware
 from mpcourse.train import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
                             RunConfig)
 
-#: A 16-bit precision counts as fast when its probe matmul runs at least this many times as
-#: fast as fp32. Measured ratios are far from it on both sides: 2 to 3x where bf16 has
-#: instructions, 0.01 to 0.03x where it is emulated.
-FAST_SPEEDUP = 1.2
 SIXTEEN_BIT = ("bf16", "fp16")
 
 
@@ -53,8 +50,7 @@ def choose_lab_size(device_type: str, precisions: dict[str, hardware.PrecisionSu
         raise ValueError(f"unknown device type {device_type!r}; choose cuda, mps or cpu")
     if probe is None:
         raise ValueError("a CPU's lab size needs the matmul probe (hardware.probe_matmuls())")
-    fast = tuple(p for p in SIXTEEN_BIT
-                 if precisions[p].supported and probe.speedup(p) >= FAST_SPEEDUP)
+    fast = tuple(p for p in SIXTEEN_BIT if precisions[p].supported and hardware.is_fast(p, probe))
     matmul = f"a {probe.n}x{probe.n} matmul"
     if fast:
         measured = ", ".join(f"{p} {probe.speedup(p):.1f}x ({precisions[p].how})" for p in fast)

@@ -269,10 +269,13 @@ def fit_to_hardware(config: RunConfig, seconds: float = 20.0) -> RunConfig:
     """The config, with a time limit when its precision is not accelerated on its device.
 
     On a CPU without native fp16 arithmetic an fp16 step can take tens of times longer than an
-    fp32 step; rather than wait minutes, such a run stops after `seconds` and says so.
+    fp32 step; rather than wait minutes, such a run stops after `seconds` and says so. On a CPU
+    a 16-bit precision counts as accelerated only if the calibration also measured it fast
+    (`hardware.is_fast`): flags promise nothing when torch's kernels do not use them.
     """
-    support = _device_precisions(config.resolved_device().type)[config.precision]
-    if support.accelerated:
+    device_type = config.resolved_device().type
+    support = _device_precisions(device_type)[config.precision]
+    if support.accelerated and (device_type != "cpu" or hardware.is_fast(config.precision)):
         return config
     return dataclasses.replace(config, time_limit_s=seconds)
 

@@ -7,7 +7,8 @@ import torch
 
 from mpcourse import hardware
 from mpcourse.cli import main
-from mpcourse.lab_size import FAST_SPEEDUP, REFERENCE, choose_lab_size, lab_size
+from mpcourse.hardware import FAST_SPEEDUP
+from mpcourse.lab_size import REFERENCE, choose_lab_size, lab_size
 from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG
 
 AVX512_BF16 = hardware.cpu_precisions(frozenset({"avx512_bf16"}))
@@ -44,6 +45,11 @@ def test_flags_without_fast_kernels_keep_the_lab_small_and_name_the_cause():
 def test_the_threshold_is_inclusive(speedup, fast):
     size = choose_lab_size("cpu", AVX512_BF16, probe(bf16=speedup, fp16=0.01))
     assert (size.config == LESSON_CPU_MATMUL_CONFIG) == fast
+
+
+def test_fp32_is_always_fast_being_the_baseline():
+    assert hardware.is_fast("fp32", probe(bf16=0.01, fp16=0.01))
+    assert not hardware.is_fast("bf16", probe(bf16=0.01, fp16=0.01))
 
 
 def test_fast_fp16_counts_too():

@@ -168,6 +168,17 @@ def test_unaccelerated_precisions_get_a_time_limit_and_stop_early():
     assert result.stopped_early and len(result.losses) == 1
 
 
+@pytest.mark.parametrize("bf16_speedup, limited", [(2.0, False), (0.02, True)])
+def test_bf16_gets_a_time_limit_where_the_calibration_measured_it_slow(monkeypatch, bf16_speedup, limited):
+    """The flags promise AVX512-BF16 in both cases; only the (faked) probe differs."""
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(hardware, "measured_probe", lambda: hardware.MatmulProbe(
+        256, {"fp32": 1e-3, "bf16": 1e-3 / bf16_speedup, "fp16": 0.1}))
+    fitted = fit_to_hardware(dataclasses.replace(TINY, precision="bf16"), seconds=7)
+    assert fitted.time_limit_s == (7 if limited else None)
+    assert fit_to_hardware(TINY).time_limit_s is None, "fp32 is never limited"
+
+
 def test_tokens_per_s_leaves_out_warm_up_steps():
     result = RunResult(TINY, "cpu", True, losses=[1.0] * 3, step_seconds=[10.0, 0.5, 1.5],
                        timed=[False, True, True])
