@@ -219,13 +219,19 @@ class Sandbox:
             pass
 
     def close(self):
-        self.kill()
-        self.process.wait()
+        """End of requests: the worker gets a moment to exit by itself, then the whole sandbox is
+        killed, with whatever is left in it."""
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
+        try:
+            self.process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        self.process.wait()
         self._drain.join(timeout=5)
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -103,6 +103,9 @@ def _strip_data(encoded):
 
 
 class Worker:
+    """The requests this process serves, one method each, on an IPython shell's namespace (so a
+    learner's `%` magics and `display()` work as in Jupyter)."""
+
     def __init__(self):
         from IPython.core.interactiveshell import InteractiveShell
         from traitlets.config import Config
@@ -150,13 +153,15 @@ class Worker:
         errors = [e for e in (self.run_cell(c)["error"] for c in answer_cells) if e]
         for cell in setup:  # again, now that cells calling the answers can run
             verdict.run_test(cell, self.namespace, "setup")
-        log, out = [], []
+        # The tests get their own namespace: what they define (hidden helpers included) is not
+        # among the globals of the learner's functions.
+        log, out, tests_namespace = [], [], dict(self.namespace)
         for name in answers:
             if name in self.namespace and callable(self.namespace[name]):
-                self.namespace[name] = Recorder(name, self.namespace[name], log)
+                tests_namespace[name] = Recorder(name, self.namespace[name], log)
         for test_id, source in tests:
             log.clear()
-            passed, reason = verdict.run_test(source, self.namespace, test_id)
+            passed, reason = verdict.run_test(source, tests_namespace, test_id)
             out.append({"id": test_id, "passed": passed, "reason": reason, "calls": list(log)})
         return {"tests": out, "errors": errors}
 
