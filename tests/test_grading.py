@@ -240,6 +240,20 @@ def test_unsafe_no_sandbox_grades_with_a_warning_in_the_output_and_the_gradebook
     assert rows[0]["score"] == "1.0" and all("WITHOUT a sandbox" in r["notes"] for r in rows)
 
 
+def test_a_link_or_an_oversized_file_is_not_read(tmp_path):
+    from mpcourse.grading.grader import MAX_NOTEBOOK_BYTES, grade_submission
+    exercises = {"ex00": load_exercise(ROOT / "solutions" / "ex00_bytes.ipynb")}
+    link = tmp_path / "ex00_bytes.ipynb"
+    link.symlink_to(ROOT / "solutions" / "ex00_bytes.ipynb")  # would score the instructor's answer
+    big = tmp_path / "big" / "ex00_bytes.ipynb"
+    big.parent.mkdir()
+    big.write_bytes(b" " * (MAX_NOTEBOOK_BYTES + 1))
+    for path, reason in ((link, "not a regular file"), (big, "larger than the 50 MiB")):
+        result = grade_submission(path, exercises, {})
+        assert result.score == 0 and reason in result.error, result.error
+        assert len(result.tests) == 4 and all(t.reason == result.error for t in result.tests)
+
+
 def test_grade_rejects_a_missing_solutions_folder(tmp_path):
     result = _mpcourse("grade", str(FIXTURES / "ex00_correct.ipynb"), "--solutions", str(tmp_path))
     assert result.returncode == 2 and "no solution notebooks" in result.stderr

@@ -32,6 +32,7 @@ from mpcourse.grading.selfcheck import TestResult
 from mpcourse.grading.verdict import first_line
 
 MAX_RESTARTS = 3
+MAX_NOTEBOOK_BYTES = 50 << 20
 UNSAFE_NOTE = ("graded WITHOUT a sandbox (--unsafe-no-sandbox): the submission could read and change "
                "files, other submissions and this gradebook")
 
@@ -79,6 +80,12 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
 
 
 def _read_submission(path: Path) -> nbformat.NotebookNode:
+    """The notebook, if `path` is a regular file (a link could point at a solution) of sane size."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise SubmissionFailed(f"not a regular file (a link or a folder): {path}")
+    if path.exists() and path.stat().st_size > MAX_NOTEBOOK_BYTES:
+        raise SubmissionFailed(f"{path.stat().st_size:,} bytes: larger than the {MAX_NOTEBOOK_BYTES >> 20} MiB "
+                               "a submitted notebook may have")
     try:
         with warnings.catch_warnings():  # old notebooks without cell ids are still fine to grade
             warnings.simplefilter("ignore")
