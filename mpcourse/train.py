@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -145,7 +146,13 @@ class RunConfig:
         return torch.optim.AdamW(model.parameters(), **kwargs), list(model.parameters())
 
     def accelerated(self, device: torch.device, support: hardware.PrecisionSupport) -> bool:
-        """Whether the hardware speeds this run's arithmetic up (`support` is its precision's)."""
+        """Whether the hardware speeds this run's arithmetic up (`support` is its precision's).
+
+        On a CPU a 16-bit precision also needs the calibration's word (`hardware.is_fast`): the
+        flags say what the CPU has, not whether torch's kernels use it here.
+        """
+        if device.type == "cpu" and self.low_precision:
+            return support.accelerated and hardware.is_fast(self.precision)
         return support.accelerated
 
     def resolved_device(self) -> torch.device:
@@ -207,12 +214,13 @@ class RunResult:
 
     @property
     def tokens_per_s(self) -> float:
-        """Training throughput over the timed steps (warm-up excluded)."""
-        seconds = sum(s for s, t in zip(self.step_seconds, self.timed) if t)
-        timed_steps = sum(self.timed)
-        if timed_steps == 0 or seconds == 0:
+        """Training throughput of a typical step: its tokens over the median timed step (warm-up
+        excluded). The median, because other work on the machine can only make a step slower,
+        and one stalled step should not set the figure."""
+        timed = [s for s, t in zip(self.step_seconds, self.timed) if t]
+        if not timed or statistics.median(timed) == 0:
             return math.nan
-        return timed_steps * self.config.batch_size * self.config.seq_len / seconds
+        return self.config.batch_size * self.config.seq_len / statistics.median(timed)
 
     def time_to_loss(self, target: float, smooth: int = 10) -> float:
         """Training seconds (warm-up included) until the mean loss of the last `smooth` steps

@@ -182,7 +182,13 @@ def test_bf16_gets_a_time_limit_where_the_calibration_measured_it_slow(monkeypat
 def test_tokens_per_s_leaves_out_warm_up_steps():
     result = RunResult(TINY, "cpu", True, losses=[1.0] * 3, step_seconds=[10.0, 0.5, 1.5],
                        timed=[False, True, True])
-    assert result.tokens_per_s == 2 * TINY.batch_size * TINY.seq_len / 2.0
+    assert result.tokens_per_s == TINY.batch_size * TINY.seq_len / 1.0, "the median of 0.5 and 1.5"
+
+
+def test_tokens_per_s_is_not_set_by_one_stalled_step():
+    result = RunResult(TINY, "cpu", True, losses=[1.0] * 4, step_seconds=[9.0, 0.5, 8.0, 0.5],
+                       timed=[False, True, True, True])
+    assert result.tokens_per_s == TINY.batch_size * TINY.seq_len / 0.5
 
 
 def test_time_to_loss_counts_every_second_until_the_average_reaches_the_target():
@@ -227,3 +233,13 @@ def test_command_line_compare_prints_the_table_and_saves_the_curves(tmp_path, ca
     out = capsys.readouterr().out
     assert "speed-up vs fp32" in out and "1.00x" in out and "bf16" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("bf16_speedup, accelerated", [(2.0, True), (0.01, False)])
+def test_a_cpu_run_is_accelerated_only_where_the_calibration_says_so(monkeypatch, bf16_speedup, accelerated):
+    monkeypatch.setattr(hardware, "measured_probe", lambda: hardware.MatmulProbe(
+        256, {"fp32": 1e-3, "bf16": 1e-3 / bf16_speedup, "fp16": 0.1}))
+    flags_say_yes = hardware.PrecisionSupport(True, True, "avx512_bf16")
+    config = dataclasses.replace(TINY, precision="bf16")
+    assert config.accelerated(torch.device("cpu"), flags_say_yes) is accelerated
+    assert TINY.accelerated(torch.device("cpu"), flags_say_yes), "fp32 is the baseline"
