@@ -128,9 +128,11 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
     """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns.
 
     The special cases (NaN, inf, overflow, fmt's subnormals) cost whole passes over the data,
-    so each runs only when the chunk holds such values: one max or min tells.
+    so each runs only when the chunk holds such values: its smallest and largest patterns tell.
     """
-    top = int(magnitude.max()) if magnitude.numel() else 0
+    if not magnitude.numel():
+        return magnitude.clone()
+    low, top = (int(v) for v in torch.aminmax(magnitude))
     # NaN patterns (above inf's) are set aside for the end; rounding inf's pattern keeps it.
     finite_or_inf = magnitude.clamp(max=_F32_INF) if top > _F32_INF else magnitude
     # Where fmt has normal numbers, its values are the float32 patterns whose low
@@ -147,8 +149,8 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
         # A format without zero (E8M0: 2**-127 and up) has nothing below its smallest value:
         # torch's and ml_dtypes' casts round every float32 subnormal up to the next value.
         below_rounding = "away" if not fmt.has_zero and rounding.startswith("nearest") else rounding
-        small = (finite_or_inf < below).nonzero().squeeze(1)
-        if small.numel():
+        if low < below:
+            small = (finite_or_inf < below).nonzero().squeeze(1)
             rounded[small] = _round_below_normal(finite_or_inf[small], fmt, below_rounding,
                                                  random.subset(small))
 
