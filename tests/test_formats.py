@@ -6,8 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.formats import (BF16, FORMATS, FP8_E4M3, FP8_E5M2, FP16, FP32, Bits, FloatFormat,
-                              bits, explain, from_bits, grid, neighbours, round_to)
+from mpcourse.formats import (BF16, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E4M3FNUZ,
+                              FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, Bits, FloatFormat, bits, explain,
+                              from_bits, grid, neighbours, round_to)
 
 LOW_PRECISION = (FP16, BF16, FP8_E4M3, FP8_E5M2)
 # Signed integer views with the width of each torch dtype, to read its bit patterns.
@@ -356,7 +357,10 @@ def test_stochastic_rounding_is_reproducible_with_a_seeded_generator():
 
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 formats = st.sampled_from(LOW_PRECISION + (FloatFormat("e3m4", 3, 4), FloatFormat("e6m9", 6, 9),
-                                           FloatFormat("e2m1", 2, 1, has_inf=False)))
+                                           FloatFormat("e2m1", 2, 1, has_inf=False),
+                                           FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP6_E2M3, FP6_E3M2, FP4_E2M1,
+                                           FloatFormat("e5m3_bias20", 5, 3, has_inf=False, bias=20,
+                                                       nan="negative_zero", overflow="nan")))
 modes = st.sampled_from(("nearest_even", "toward_zero"))
 
 
