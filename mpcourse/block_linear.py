@@ -18,7 +18,7 @@ softmax and the loss (none of them is an `nn.Linear` inside a block, except the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
@@ -126,4 +126,43 @@ class BlockScaledRunConfig(RunConfig):
         forward_recipe, grad_recipe = RECIPES_BY_NAME[self.recipe]
         convert_to_block_scaled(model, skip=("head",), forward_recipe=forward_recipe,
                                 grad_recipe=grad_recipe)
+        return model
+
+
+def linear_operands(config: RunConfig, layer: str) -> dict[str, torch.Tensor]:
+    """Train `config` (its plain `RunConfig` switches) through `train.train` and return what
+    the linear `layer` (e.g. "blocks.0.mlp.2") multiplied in the last training step: its input
+    "activation" and its output "gradient", each as a (tokens, features) matrix, and its "weight".
+    These are the tensors a scaling recipe has to quantize."""
+    from mpcourse.train import train
+    switches = {f.name: getattr(config, f.name) for f in fields(RunConfig)}
+    capturing = _CapturingRunConfig(**switches, layer=layer)
+    train(capturing)
+    return dict(capturing.captured)
+
+
+@dataclass(frozen=True)
+class _CapturingRunConfig(RunConfig):
+    """A run that keeps the operands of one linear layer from each training step."""
+    layer: str = ""
+    captured: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        model = super().prepare_model(model)
+        module = model.get_submodule(self.layer)
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"{self.layer!r} is a {type(module).__name__}, not a linear layer")
+
+        def keep_input(module, inputs, output):
+            if torch.is_grad_enabled():   # training steps only, not evaluation
+                flat = inputs[0].detach().reshape(-1, module.in_features)
+                self.captured.update(activation=flat.float().clone(),
+                                     weight=module.weight.detach().float().clone())
+
+        def keep_gradient(module, grad_inputs, grad_outputs):
+            flat = grad_outputs[0].detach().reshape(-1, module.out_features)
+            self.captured["gradient"] = flat.float().clone()
+
+        module.register_forward_hook(keep_input)
+        module.register_full_backward_hook(keep_gradient)
         return model

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from mpcourse.block_linear import (BlockScaledLinear, BlockScaledRunConfig,
-                                   convert_to_block_scaled)
+                                   convert_to_block_scaled, linear_operands)
 from mpcourse.blockscale import MXFP8_E4M3, NVFP4, fake_quantize
 from mpcourse.models import GPT, GPTConfig
 from mpcourse.train import RunConfig, train
@@ -66,3 +66,15 @@ def test_block_scaled_training_runs_through_the_one_loop_and_tracks_fp32():
 def test_block_scaled_run_config_rejects_bad_switches(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BlockScaledRunConfig(**kwargs)
+
+
+def test_linear_operands_are_what_the_layer_multiplied_in_training():
+    sizes = dict(steps=3, d_model=32, n_layers=1, n_heads=2, batch_size=4, seq_len=16,
+                 eval_batches=1, device="cpu", warmup_steps=0, precision="fp32", loss_scaling="off")
+    got = linear_operands(RunConfig(**sizes), "blocks.0.mlp.2")
+    assert got["activation"].shape == (64, 128) and got["gradient"].shape == (64, 32)
+    assert got["weight"].shape == (32, 128)
+    assert got["activation"].min() >= -0.17   # the output of a GELU, which never goes below -0.17
+    assert got["gradient"].abs().max() > 0 and got["gradient"].isfinite().all()
+    with pytest.raises(ValueError, match="'blocks.0.norm1' is a LayerNorm, not a linear layer"):
+        linear_operands(RunConfig(**sizes), "blocks.0.norm1")
