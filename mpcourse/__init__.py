@@ -1,12 +1,28 @@
 """mpcourse: the mechanisms of mixed-precision training, in readable Python.
 
-Modules follow the lessons: `formats` (number formats, lesson 01), `memory` (lesson 02),
-`autocast` (lesson 03), `master` (lesson 04), `scaling` (lesson 05), `train` (lesson 06).
+Modules follow the lessons:
+
+- 01 `formats` (the formats), `rounding` (rounding to them, bit by bit), `bits_explorer`;
+- 02 `memory`;
+- 03 `autocast`, with its op tables in `autocast_policy`;
+- 04 `master`;
+- 05 `scaling`;
+- 06 `train` (the one training loop; variants plug in through `RunConfig`), `lab_size`,
+  `widgets`, on `models` and `data`;
+- 07 `fp8`;
+- 08 `distributed`;
+- 09 `clinic` and `clinic_more`;
+- 10 `blockscale`, `scaled_matmul`, `block_linear`;
+- 11 `stochastic`, `kahan`, `optim_states`, `optimizer_memory`, `update_walk`.
+
+Around them: `hardware` (what this machine accelerates), `benchmark`, `course` (the course
+map) and `grading` (exercises, `check()` and the sandboxed grader).
 """
 __version__ = "0.1.0"
 from mpcourse import benchmark, course, hardware
 from mpcourse.autocast import AutocastPolicy, autocast, explain, policy_for
-from mpcourse.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat, round_to
+from mpcourse.formats import (BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E4M3FNUZ, FP8_E5M2,
+                              FP8_E5M2FNUZ, FP8_E8M0, FP16, FP32, FloatFormat, round_to)
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory
 from mpcourse.scaling import GradScaler, StaticLossScaler
@@ -15,7 +31,8 @@ from mpcourse.train import RunConfig, RunResult
 __all__ = [
     "benchmark", "course", "hardware",
     "AutocastPolicy", "autocast", "explain", "policy_for",
-    "BF16", "FP8_E4M3", "FP8_E5M2", "FP16", "FP32", "FloatFormat", "round_to",
+    "BF16", "FP4_E2M1", "FP6_E2M3", "FP6_E3M2", "FP8_E4M3", "FP8_E4M3FNUZ", "FP8_E5M2",
+    "FP8_E5M2FNUZ", "FP8_E8M0", "FP16", "FP32", "FloatFormat", "round_to",
     "MasterWeightOptimizer",
     "MemoryBreakdown", "training_memory", "transformer_memory",
     "GradScaler", "StaticLossScaler",

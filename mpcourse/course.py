@@ -34,7 +34,7 @@ LESSONS = (
            "DDP gradient compression and FSDP2 mixed-precision policies", "multi-gpu"),
     Lesson("09", "The mixed-precision clinic", "09_clinic.ipynb",
            "the failures people hit most, reproduced and fixed", "any"),
-    Lesson("10", "Block scaling: FP8 and FP4 as trained in 2026", "10_block_scaling.ipynb",
+    Lesson("10", "Block-scaled FP8 and FP4", "10_block_scaling.ipynb",
            "MX, NVFP4 and DeepSeek-style block scales, every small format bit-exact, "
            "accumulator precision", "fp8"),
     Lesson("11", "Beyond FP32 master weights", "11_beyond_master_weights.ipynb",
