@@ -22,26 +22,10 @@ import torch
 
 from mpcourse import hardware
 from mpcourse.benchmark import compare
-from mpcourse.data import Batches, MarkovText
 from mpcourse.lab_size import lab_size
-from mpcourse.models import GPT, next_token_loss
 from mpcourse.train import LESSON_CPU_MATMUL_CONFIG, train
 
-
-def one_step(config, dtype):
-    """A function running one AdamW training step of `config` under autocast to `dtype` (None: fp32)."""
-    torch.manual_seed(0)
-    model = GPT(config.model_config())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    x, y = Batches(MarkovText(config.vocab_size), config.batch_size, config.seq_len).get(0)
-
-    def step():
-        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            loss = next_token_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return step
+from bench_train import one_step  # benchmarks/ is on the path when a benchmark runs as a script
 
 
 def record(config):
@@ -92,7 +76,7 @@ def main():
     print(f"   the lab's size: d_model {config.d_model}, {config.n_layers} layers, batch "
           f"{config.batch_size} x {config.seq_len}\n   because: {size.reason}")
 
-    result = compare(one_step(config, None), one_step(config, torch.bfloat16), name_a="fp32",
+    result = compare(one_step(None, config), one_step(torch.bfloat16, config), name_a="fp32",
                      name_b="bf16 autocast", warmup=2, repeats=7)
     tokens = config.batch_size * config.seq_len
     print(f"\n2. one training step at that size\n   {result}")

@@ -21,12 +21,12 @@ from mpcourse.train import LESSON_CPU_CONFIG, train
 CONFIG = dataclasses.replace(LESSON_CPU_CONFIG, device="cpu")
 
 
-def one_step(dtype):
-    """A function running one training step of CONFIG under autocast to `dtype` (None: fp32)."""
+def one_step(dtype, config=CONFIG):
+    """A function running one AdamW training step of `config` under autocast to `dtype` (None: fp32)."""
     torch.manual_seed(0)
-    model = GPT(CONFIG.model_config())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=CONFIG.lr)
-    x, y = Batches(MarkovText(CONFIG.vocab_size), CONFIG.batch_size, CONFIG.seq_len).get(0)
+    model = GPT(config.model_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    x, y = Batches(MarkovText(config.vocab_size), config.batch_size, config.seq_len).get(0)
 
     def step():
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from mpcourse.blockscale import MXFP4, MXFP8_E4M3, NVFP4, PER_TENSOR, BlockScaling, fake_quantize
+from mpcourse.models import replace_linears
 from mpcourse.train import RunConfig
 
 #: The recipes a run can name: (inputs and weights, output gradients).
@@ -86,14 +87,7 @@ def convert_to_block_scaled(model: nn.Module, *, skip: tuple[str, ...] = ("head"
                             **kwargs) -> list[str]:
     """Replace every `nn.Linear` in `model` (except those named in `skip`) by a
     `BlockScaledLinear` sharing its parameters; return the names replaced."""
-    replaced = []
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and full not in skip:
-                setattr(module, child_name, BlockScaledLinear.from_linear(child, **kwargs))
-                replaced.append(full)
-    return replaced
+    return replace_linears(model, lambda linear: BlockScaledLinear.from_linear(linear, **kwargs), skip)
 
 
 @dataclass(frozen=True)

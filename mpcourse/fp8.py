@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from mpcourse.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
+from mpcourse.models import replace_linears
 from mpcourse.train import RunConfig
 
 FP8_FORMATS = (FP8_E4M3, FP8_E5M2)
@@ -278,14 +279,7 @@ def _check_format(fmt: FloatFormat) -> None:
 def convert_to_fp8(model: nn.Module, *, skip: tuple[str, ...] = (), **kwargs) -> list[str]:
     """Replace every `nn.Linear` in `model` (except those named in `skip`) by an `Fp8Linear`
     sharing its parameters; return the names replaced. Keyword arguments go to Fp8Linear."""
-    replaced = []
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and full not in skip:
-                setattr(module, child_name, Fp8Linear.from_linear(child, **kwargs))
-                replaced.append(full)
-    return replaced
+    return replace_linears(model, lambda linear: Fp8Linear.from_linear(linear, **kwargs), skip)
 
 
 @dataclass(frozen=True)

@@ -202,3 +202,14 @@ def decode_error(data):
     if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, (StopIteration, StopAsyncIteration)):
         return cls(message)
     return RuntimeError(f"{name[:60]}: {message}")
+
+
+def tensors_in(value) -> list:
+    """Every tensor inside `value`, looking through lists, tuples and dict values."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []

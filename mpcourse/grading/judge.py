@@ -66,7 +66,7 @@ class AnswerProxy:
         self._name, self._call = name, sandbox_call
 
     def __call__(self, *args, **kwargs):
-        tensors = _tensors_in((args, kwargs))
+        tensors = codec.tensors_in((args, kwargs))
         reply = self._call({"op": "call", "name": self._name, "args": codec.encode(list(args)),
                             "kwargs": codec.encode(kwargs)})
         for index, data in _checked_list(reply.get("mutated", [])):
@@ -102,16 +102,6 @@ def _assign(tensor: torch.Tensor, value: torch.Tensor):
             tensor.copy_(value)
         else:
             tensor.data = value
-
-
-def _tensors_in(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    return []
 
 
 def grader_namespace(exercise, plan: Plan, sandbox_call) -> dict:

@@ -133,7 +133,7 @@ class Worker:
 
     def call(self, name, args, kwargs):
         args, kwargs = codec.decode(args), codec.decode(kwargs)
-        tensors = _tensors_in((args, kwargs))
+        tensors = codec.tensors_in((args, kwargs))
         before = [t.clone() for t in tensors]
         try:
             reply = {"value": codec.encode(self.answer(name)(*args, **kwargs))}
@@ -169,16 +169,6 @@ class Worker:
 def _describe(error):
     message = verdict.first_line(error, 300)
     return type(error).__name__ + (": " + message if message else "")
-
-
-def _tensors_in(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    return []
 
 
 def _same_bits(a, b):
