@@ -28,6 +28,13 @@ from mpcourse.train import LESSON_CPU_MATMUL_CONFIG, train
 from bench_train import one_step  # benchmarks/ is on the path when a benchmark runs as a script
 
 
+def measured_config(config) -> str:
+    """`config` as source: RunConfig(...) with the fields that differ from RunConfig's defaults."""
+    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default}
+    return "RunConfig(" + ", ".join(f"{name}={value!r}" for name, value in changed.items()) + ")"
+
+
 def record(config):
     """Whole runs of fp32 and bf16, alternating; the REFERENCE entry as Python source."""
     runs = {"fp32": [], "bf16": []}
@@ -46,7 +53,7 @@ def record(config):
     lines = ["REFERENCE = ReferenceMeasurement(",
              f"    machine={machine!r},",
              f"    date={datetime.date.today().isoformat()!r},",
-             "    config=LESSON_CPU_MATMUL_CONFIG,",
+             f"    config={measured_config(config)},   # what was measured, spelled out",
              f"    matmul_n={probe.n},",
              f"    matmul_speedups={{'bf16': {probe.speedup('bf16'):.2f}, 'fp16': {probe.speedup('fp16'):.3f}}},",
              "    runs=("]

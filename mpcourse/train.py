@@ -172,7 +172,7 @@ LESSON_CPU_CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, batch_size=8, s
 #: The lab's configuration on a CPU whose bf16 (or fp16) matmuls were measured fast
 #: (`mpcourse.lab_size`): wide enough that matmuls dominate a step, so the speed-up shows, and
 #: short enough that fp32 and bf16 runs take seconds each.
-LESSON_CPU_MATMUL_CONFIG = RunConfig(d_model=512, n_layers=2, n_heads=8, batch_size=8, seq_len=64,
+LESSON_CPU_MATMUL_CONFIG = RunConfig(d_model=512, n_layers=2, n_heads=8, batch_size=8, seq_len=128,
                                      steps=12, lr=3e-3, warmup_steps=2)
 #: The lab's configuration on a CUDA GPU: GPT-2 small's shape (d_model 768, 12 layers, 12
 #: heads, 1024 tokens of context), with a 256-token vocabulary.
