@@ -366,3 +366,21 @@ def test_the_gradebook_is_replaced_atomically(tmp_path):
     result = gradebook.SubmissionResult("a.ipynb", "ex00_bytes", 1.0, 4.0, None)
     gradebook.write_gradebook([result], target)
     assert target.read_text().startswith("path,exercise") and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsafe-no-sandbox"])
+def test_a_worker_computes_with_the_graders_kernel_settings(monkeypatch, sandboxed):
+    """Behavioural tests compare the learner's run with the solution's reference run to float
+    tolerance: the worker must pick the kernels and threads the grader's own processes pick."""
+    from mpcourse.grading.sandbox import Limits, Sandbox
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MPCOURSE_NOT_FOR_THE_WORKER", "secret")
+    deadline = time.monotonic() + 120
+    with Sandbox(Limits(), deadline, sandboxed=sandboxed) as worker:
+        worker.request({"op": "run_cell", "source": (
+            "import os, torch\n"
+            "seen = [os.environ.get('ATEN_CPU_CAPABILITY'), torch.backends.cpu.get_cpu_capability(),\n"
+            "        torch.get_num_threads(), os.environ.get('MPCOURSE_NOT_FOR_THE_WORKER')]")}, deadline)
+        seen = codec.decode(worker.request({"op": "value", "name": "seen"}, deadline)["value"])
+    assert seen == ["default", "DEFAULT", 1, None]

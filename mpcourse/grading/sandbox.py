@@ -35,6 +35,19 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`
                 "bubblewrap`), or grade anyway, unprotected, with --unsafe-no-sandbox")
 
 
+#: Environment variables that choose torch's kernels and thread counts. Behavioural tests compare
+#: the learner's run with the solution's reference run to float tolerance, so both must compute
+#: alike: the worker gets the grader's values of these (and nothing else of its environment).
+KERNEL_ENVIRONMENT = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                      "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                      "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def kernel_environment() -> dict[str, str]:
+    """The grader's settings of `KERNEL_ENVIRONMENT`, for a worker to compute as the grader does."""
+    return {name: os.environ[name] for name in KERNEL_ENVIRONMENT if name in os.environ}
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one submission's worker may use."""
@@ -98,7 +111,9 @@ def _bwrap(limits: Limits) -> list[str]:
     return args + ["--perms", "0755", "--dir", "/home", "--size", str(limits.home), "--perms", "1777", "--tmpfs",
                    "/home/learner", "--chdir", "/home/learner", "--clearenv",
                    "--setenv", "HOME", "/home/learner", "--setenv", "PATH", "/usr/bin:/bin",
-                   "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "MPLBACKEND", "Agg", "--"]
+                   "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "MPLBACKEND", "Agg",
+                   *[arg for name, value in kernel_environment().items() for arg in ("--setenv", name, value)],
+                   "--"]
 
 
 def _tasks_of(uid: int) -> int:
@@ -132,7 +147,7 @@ class Sandbox:
         else:
             self.workdir = cwd = tempfile.mkdtemp(prefix="mpcourse-grade-")
             home = {"HOME": cwd, "IPYTHONDIR": os.path.join(cwd, ".ipython"), "MPLBACKEND": "Agg"}
-            env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin")
+            env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin", **kernel_environment())
         self.process = subprocess.Popen(command + [json.dumps(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
         self._buffer, self._requests = b"", 0
