@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from mpcourse.blockscale import MXFP4, MXFP8_E4M3, NVFP4, PER_TENSOR, BlockScaling, fake_quantize
-from mpcourse.models import replace_linears
+from mpcourse.models import replace_linears, sharing_parameters
 from mpcourse.train import RunConfig
 
 #: The recipes a run can name: (inputs and weights, output gradients).
@@ -46,10 +46,7 @@ class BlockScaledLinear(nn.Linear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> "BlockScaledLinear":
         """A BlockScaledLinear sharing `linear`'s parameters."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    device="meta", **kwargs)
-        layer.weight, layer.bias = linear.weight, linear.bias
-        return layer
+        return sharing_parameters(cls, linear, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)

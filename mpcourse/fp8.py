@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from mpcourse.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
-from mpcourse.models import replace_linears
+from mpcourse.models import replace_linears, sharing_parameters
 from mpcourse.train import RunConfig
 
 FP8_FORMATS = (FP8_E4M3, FP8_E5M2)
@@ -196,10 +196,7 @@ class Fp8Linear(nn.Linear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> "Fp8Linear":
         """An Fp8Linear that shares `linear`'s parameters (ties and optimizer references survive)."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    device="meta", **kwargs)
-        layer.weight, layer.bias = linear.weight, linear.bias
-        return layer
+        return sharing_parameters(cls, linear, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = choose_backend(self.backend, x.device.type)
