@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 from mpcourse import benchmark, course, hardware
 from mpcourse.autocast import AutocastPolicy, autocast, explain, policy_for
 from mpcourse.formats import (BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E4M3FNUZ, FP8_E5M2,
-                              FP8_E5M2FNUZ, FP8_E8M0, FP16, FP32, FloatFormat, round_to)
+                              FP8_E5M2FNUZ, FP8_E8M0, FP16, FP32, TF32, FloatFormat, round_to)
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory
 from mpcourse.scaling import GradScaler, StaticLossScaler
@@ -32,7 +32,7 @@ __all__ = [
     "benchmark", "course", "hardware",
     "AutocastPolicy", "autocast", "explain", "policy_for",
     "BF16", "FP4_E2M1", "FP6_E2M3", "FP6_E3M2", "FP8_E4M3", "FP8_E4M3FNUZ", "FP8_E5M2",
-    "FP8_E5M2FNUZ", "FP8_E8M0", "FP16", "FP32", "FloatFormat", "round_to",
+    "FP8_E5M2FNUZ", "FP8_E8M0", "FP16", "FP32", "TF32", "FloatFormat", "round_to",
     "MasterWeightOptimizer",
     "MemoryBreakdown", "training_memory", "transformer_memory",
     "GradScaler", "StaticLossScaler",

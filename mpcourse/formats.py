@@ -22,7 +22,7 @@ from mpcourse.rounding import ROUNDING_MODES, round_to
 
 __all__ = ["FloatFormat", "round_to", "ROUNDING_MODES", "OVERFLOW_MODES", "NAN_ENCODINGS",
            "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ",
-           "FP8_E8M0", "FP6_E2M3", "FP6_E3M2", "FP4_E2M1", "FORMATS", "ALL_FORMATS",
+           "FP8_E8M0", "FP6_E2M3", "FP6_E3M2", "FP4_E2M1", "TF32", "FORMATS", "ALL_FORMATS",
            "Bits", "bits", "from_bits", "neighbours", "grid", "Explanation", "explain"]
 
 OVERFLOW_MODES = ("inf", "saturate", "nan")
@@ -195,6 +195,13 @@ FP6_E2M3 = FloatFormat("fp6_e2m3", 2, 3, has_inf=False, nan="none")
 FP6_E3M2 = FloatFormat("fp6_e3m2", 3, 2, has_inf=False, nan="none")
 FP4_E2M1 = FloatFormat("fp4_e2m1", 2, 1, has_inf=False, nan="none")
 ALL_FORMATS = FORMATS + (FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP8_E8M0, FP6_E2M3, FP6_E3M2, FP4_E2M1)
+
+# TF32: what an NVIDIA tensor core (Ampere and newer) reads from an FP32 operand when TF32 math
+# is on. FP32's 8 exponent bits and range, FP16's 10 mantissa bits: rounding to it keeps the top
+# 10 of FP32's 23 mantissa bits. It is not a storage format: the values stay in FP32 registers
+# and memory, so torch has no dtype for it, and it stays out of FORMATS and ALL_FORMATS, whose
+# tables and plots show the formats a tensor is stored in.
+TF32 = FloatFormat("tf32", 8, 10)
 
 
 class Bits(NamedTuple):

@@ -6,9 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.formats import (BF16, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E4M3FNUZ,
-                              FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, Bits, FloatFormat, bits, explain,
-                              from_bits, grid, neighbours, round_to)
+from mpcourse.formats import (ALL_FORMATS, BF16, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
+                              FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, TF32, Bits,
+                              FloatFormat, bits, explain, from_bits, grid, neighbours, round_to)
 
 LOW_PRECISION = (FP16, BF16, FP8_E4M3, FP8_E5M2)
 # Signed integer views with the width of each torch dtype, to read its bit patterns.
@@ -155,6 +155,33 @@ def test_fp32_round_to_is_the_identity():
     x = torch.randint(-2**31, 2**31, (1 << 16,), dtype=torch.int64,
                       generator=generator).to(torch.int32).view(torch.float32)
     assert_same_bits(round_to(x, FP32), x, x)
+
+
+def tf32_by_hand(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 `x` to TF32 on its bit patterns: keep the top 10 of the 23 mantissa bits,
+    rounding the 13 dropped bits to nearest, ties to an even kept mantissa. A carry out of the
+    mantissa steps the exponent (up to inf), as the integer addition does by itself."""
+    pattern = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    dropped, kept = pattern & 0x1FFF, pattern & ~0x1FFF
+    odd = (kept >> 13) & 1
+    round_up = (dropped > 0x1000) | ((dropped == 0x1000) & (odd == 1))
+    rounded = kept + round_up.to(torch.int64) * 0x2000
+    return (rounded - 2**32 * (rounded >= 2**31)).to(torch.int32).view(torch.float32)
+
+
+def test_tf32_is_fp32_with_the_low_13_mantissa_bits_rounded_to_nearest_even():
+    assert (TF32.exponent_bits, TF32.mantissa_bits, TF32.bits) == (8, 10, 19)
+    assert TF32.torch_dtype is None and TF32 not in ALL_FORMATS
+    assert (TF32.max, TF32.smallest_normal) == (2**127 * (2 - 2**-10), FP32.smallest_normal)
+    generator = torch.Generator().manual_seed(19)
+    x = torch.randint(-2**31, 2**31, (1 << 16,), dtype=torch.int64,
+                      generator=generator).to(torch.int32).view(torch.float32)
+    ties = f32([1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11), 2**127 * (2 - 2**-11),
+                2**-137, 3 * 2**-137])   # the last two: halfway between TF32 subnormals
+    x = torch.cat([x[~x.isnan()], ties, f32([0.0, -0.0, math.inf, -math.inf])])
+    assert_same_bits(round_to(x, TF32), tf32_by_hand(x), x)
+    assert round_to(ties, TF32).tolist() == [1.0, 1 + 2**-9, -1.0, math.inf, 0.0, 2**-135]
+    assert round_to(f32([math.nan]), TF32).isnan().all()
 
 
 def test_hand_built_e8m7_behaves_exactly_like_bf16():
