@@ -1,0 +1,233 @@
+"""The pictures claim what torch and mpcourse really computed (mpcourse.views diagrams)."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from torch import nn  # noqa: E402
+
+import mpcourse  # noqa: E402
+from mpcourse.views import dataflow_diagrams as flows  # noqa: E402
+from mpcourse.views import diagrams  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def texts_by_gid(fig) -> dict[str, str]:
+    return {t.get_gid(): t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid()}
+
+
+def expected_step(param_dtype, autocast_dtype):
+    """What torch's own rules say each tensor of a step is, without the hooks of step_dtypes."""
+    x, w = torch.randn(4, 8, dtype=param_dtype), torch.randn(16, 8, dtype=param_dtype)
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                        enabled=autocast_dtype is not None):
+        activation = F.linear(x, w)
+        loss = F.cross_entropy(activation, torch.zeros(4, dtype=torch.long))
+    return {"parameter": param_dtype, "matmul_operand": activation.dtype,
+            "activation": activation.dtype, "loss": loss.dtype,
+            "activation_grad": activation.dtype,  # autograd: a gradient has its tensor's dtype
+            "parameter_grad": param_dtype,
+            "optimizer_grad": torch.float32, "optimizer_param": torch.float32}
+
+
+RECIPES = [(torch.float32, None, False), (torch.float32, torch.bfloat16, False),
+           (torch.float32, torch.float16, True), (torch.float16, None, True),
+           (torch.bfloat16, None, False)]
+
+
+@pytest.mark.parametrize("param_dtype,autocast_dtype,grad_scaler", RECIPES)
+def test_dtype_flow_labels_are_the_dtypes_torch_gives(param_dtype, autocast_dtype, grad_scaler):
+    labels = texts_by_gid(diagrams.dtype_flow(param_dtype, autocast_dtype, grad_scaler))
+    for name, dtype in expected_step(param_dtype, autocast_dtype).items():
+        assert labels[name] == diagrams.dtype_label(dtype), name
+    assert ("scaled_loss" in labels) == grad_scaler
+
+
+def test_dtype_flow_changes_with_the_recipe():
+    fp32 = texts_by_gid(diagrams.dtype_flow(torch.float32))
+    bf16 = texts_by_gid(diagrams.dtype_flow(torch.float32, torch.bfloat16))
+    masters = texts_by_gid(diagrams.dtype_flow(torch.float16, None, True))
+    assert (fp32["matmul_operand"], bf16["matmul_operand"]) == ("fp32", "bf16")
+    assert (masters["parameter"], masters["parameter_grad"], masters["optimizer_grad"]) == \
+        ("fp16", "fp16", "fp32")
+
+
+def test_step_dtypes_rejects_an_unknown_recipe():
+    with pytest.raises(ValueError, match="param_dtype"):
+        diagrams.step_dtypes(torch.float64)
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        diagrams.step_dtypes(torch.float32, torch.float32)
+
+
+def test_one_colour_per_dtype_everywhere():
+    colours = list(diagrams.DTYPE_COLOURS.values())
+    assert len(set(colours)) == len(colours) == 6
+    assert diagrams.dtype_colour(torch.bfloat16) == diagrams.DTYPE_COLOURS["bf16"]
+    assert diagrams.dtype_colour(torch.float8_e5m2) == diagrams.DTYPE_COLOURS["fp8_e5m2"]
+    assert diagrams.dtype_colour(torch.int64) == diagrams.OTHER_COLOUR
+
+
+def test_master_weight_loop_draws_the_real_walks():
+    fig = diagrams.master_weight_loop(start=1.0, update=1e-3, steps=50)
+    labels = texts_by_gid(fig)
+    assert (labels["master"], labels["working"], labels["working_grad"], labels["master_grad"]) \
+        == ("fp32", "bf16", "bf16", "fp32")
+    lines = {line.get_gid(): line.get_ydata() for line in fig.axes[1].lines}
+    exact = torch.tensor(1.0)
+    for _ in range(50):
+        exact = exact + torch.tensor(1e-3)
+    assert all(y == 1.0 for y in lines["alone_walk"])  # 1 + 1e-3 rounds back to 1 in bf16
+    assert lines["master_walk"][-1] == pytest.approx(exact.item(), rel=1e-6)
+    assert lines["working_walk"][-1] == exact.bfloat16().item()
+
+
+def torch_scales(steps, overflow_steps, init_scale, growth_interval):
+    weight = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
+    scales = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        scaler.scale((weight + 1.0).sum()).backward()
+        if step in overflow_steps:
+            weight.grad.fill_(float("nan"))
+        scales.append(scaler.get_scale())
+        scaler.step(optimizer)
+        scaler.update()
+    return scales
+
+
+@pytest.mark.parametrize("overflow_steps,growth_interval", [((6, 25), 5), ((0, 1, 2, 30), 3)])
+def test_scale_trace_is_torch_grad_scalers(overflow_steps, growth_interval):
+    ours = diagrams.scale_trace(40, overflow_steps, 2.0**10, growth_interval)
+    assert ours == torch_scales(40, overflow_steps, 2.0**10, growth_interval)
+    fig = diagrams.loss_scaler_states(40, overflow_steps, 2.0**10, growth_interval)
+    (line,) = [l for l in fig.axes[1].lines if l.get_gid() == "scale_trace"]
+    assert list(line.get_ydata()) == ours
+
+
+def test_scale_trace_rejects_overflows_outside_the_run():
+    with pytest.raises(ValueError, match=r"overflow_steps must lie in \[0, 10\)"):
+        diagrams.scale_trace(10, (10,))
+
+
+def test_autocast_blocks_are_coloured_by_the_traced_dtypes():
+    torch.manual_seed(0)
+    block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(2, 8, 32)
+    with mpcourse.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
+        y = block(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert block(x).dtype == y.dtype
+    fig = flows.autocast_blocks(region.trace)
+    patches = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
+    assert len(patches) == len(region.trace)
+    for i, record in enumerate(region.trace):
+        edge = patches[f"op{i}"].get_edgecolor()[:3]
+        assert edge == pytest.approx(to_rgb(diagrams.dtype_colour(record.output_dtype)))
+    linears = [i for i, r in enumerate(region.trace) if r.op == "linear"]
+    assert linears and all(patches[f"op{i}"].get_edgecolor()[:3] ==
+                           pytest.approx(to_rgb(diagrams.DTYPE_COLOURS["bf16"])) for i in linears)
+
+
+def test_autocast_blocks_rejects_what_is_not_a_trace():
+    with pytest.raises(ValueError, match="Trace"):
+        flows.autocast_blocks([])
+
+
+def test_fp8_dataflow_states_the_formats_limits():
+    fig = flows.fp8_linear_dataflow()
+    labels = texts_by_gid(fig)
+    assert (labels["format_x"], labels["format_w"], labels["format_g"]) == \
+        ("fp8_e4m3", "fp8_e4m3", "fp8_e5m2")
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts) + fig.axes[0].get_title()
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert f"{torch.finfo(dtype).max:g}" in texts
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_wire_bytes_match_the_ring_formulas(world_size):
+    n, w = 1024 * 8, world_size
+    assert flows.wire_bytes("ddp", n, w) == {"all_reduce": 2 * (w - 1) / w * n * 4}
+    assert flows.wire_bytes("fsdp2", n, w, torch.bfloat16, torch.float32) == {
+        "all_gather_forward": (w - 1) / w * n * 2, "all_gather_backward": (w - 1) / w * n * 2,
+        "reduce_scatter": (w - 1) / w * n * 4}
+    kept = flows.wire_bytes("fsdp2", n, w, torch.bfloat16, torch.bfloat16,
+                            reshard_after_forward=False)
+    assert kept["all_gather_backward"] == 0 and kept["reduce_scatter"] == (w - 1) / w * n * 2
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_fsdp2_with_bf16_params_sends_what_ddp_sends_unless_it_keeps_them(world_size):
+    # (W-1)/W * N * (2 + 2 + 4) bytes against 2 (W-1)/W * N * 4: equal at every world size
+    ddp = flows.wire_bytes("ddp", 4096, world_size)["all_reduce"]
+    assert sum(flows.wire_bytes("fsdp2", 4096, world_size).values()) == ddp
+    kept = flows.wire_bytes("fsdp2", 4096, world_size, reshard_after_forward=False)
+    assert sum(kept.values()) == ddp * 3 // 4
+
+
+def test_wire_bytes_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="strategy 'zero3'"):
+        flows.wire_bytes("zero3", 10, 2)
+    with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
+        flows.wire_bytes("ddp", 10, 0)
+    with pytest.raises(ValueError, match="collective 'broadcast'"):
+        flows.wire_bytes_of_payload("broadcast", 10, 2)
+
+
+@pytest.fixture
+def fake_process_group():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield 4
+    dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_wire_bytes_agree_with_what_real_fsdp2_hands_to_collectives(fake_process_group):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from mpcourse.distributed import CollectiveCounter
+    from mpcourse.models import Block, GPTConfig
+    config = GPTConfig(d_model=32, n_heads=4)
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(config), Block(config))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    counter = CollectiveCounter()
+    with counter:
+        model(torch.randn(2, 8, 32)).float().sum().backward()
+    per_block = flows.wire_bytes("fsdp2", sum(p.numel() for p in Block(config).parameters()),
+                                 fake_process_group)
+    w = fake_process_group
+    assert flows.wire_bytes_of_payload("all_gather", counter.bytes["all_gather"], w) == \
+        2 * (per_block["all_gather_forward"] + per_block["all_gather_backward"])
+    assert flows.wire_bytes_of_payload("reduce_scatter", counter.bytes["reduce_scatter"], w) == \
+        2 * per_block["reduce_scatter"]
+
+
+def test_collective_timeline_labels_carry_the_wire_bytes():
+    fig = flows.collective_timeline(world_size=4, num_blocks=3)
+    top, bottom = fig.axes
+    fsdp = sum(1 for p in top.patches if p.get_gid() == "reduce_scatter")
+    gathers = sum(1 for p in top.patches if p.get_gid() in ("all_gather_forward",
+                                                            "all_gather_backward"))
+    assert (fsdp, gathers) == (3, 6)
+    assert sum(1 for p in bottom.patches if p.get_gid() == "all_reduce") == 3
+    from mpcourse.models import Block, GPTConfig
+    n = sum(p.numel() for p in Block(GPTConfig()).parameters())
+    total = 3 * sum(flows.wire_bytes("fsdp2", n, 4).values())
+    assert f"{total / 1e3:.0f} kB" in top.get_title()
+    kept = flows.collective_timeline(world_size=4, num_blocks=3, reshard_after_forward=False)
+    assert sum(1 for p in kept.axes[0].patches if p.get_gid() == "all_gather_backward") == 0
