@@ -11,6 +11,8 @@ class Lesson:
     notebook: str
     teaches: str
     full_size_needs: str  # "any", "cuda", "fp8" (an FP8-capable GPU) or "multi-gpu"
+    #: What the lesson asks of a learner beyond the earlier lessons and lesson 00's prerequisites.
+    also_needs: str = ""
 
 
 LESSONS = (
@@ -21,7 +23,9 @@ LESSONS = (
     Lesson("02", "Where training memory goes", "02_memory.ipynb",
            "parameters, activations, gradients and optimizer state per layout", "any"),
     Lesson("03", "Autocast from scratch", "03_autocast.ipynb",
-           "how autocast picks a precision for each operation", "any"),
+           "how autocast picks a precision for each operation", "any",
+           also_needs="Python context managers and classes with special methods: it builds "
+                      "autocast on torch's TorchFunctionMode and reads torch's dispatcher tables"),
     Lesson("04", "FP32 master weights", "04_master_weights.ipynb",
            "why small updates vanish in 16 bits and how a master copy keeps them", "any"),
     Lesson("05", "Loss scaling", "05_loss_scaling.ipynb",
@@ -31,7 +35,9 @@ LESSONS = (
     Lesson("07", "FP8 with per-tensor scaling", "07_fp8.ipynb",
            "E4M3 and E5M2, scaling factors and the amax history", "fp8"),
     Lesson("08", "Mixed precision across processes", "08_distributed.ipynb",
-           "DDP gradient compression and FSDP2 mixed-precision policies", "multi-gpu"),
+           "DDP gradient compression and FSDP2 mixed-precision policies", "multi-gpu",
+           also_needs="processes that work together: torchrun, ranks and world size, and what "
+                      "the collectives all-reduce, reduce-scatter and all-gather compute"),
     Lesson("09", "The mixed-precision clinic", "09_clinic.ipynb",
            "the failures people hit most, reproduced and fixed", "any"),
     Lesson("10", "Block-scaled FP8 and FP4", "10_block_scaling.ipynb",
