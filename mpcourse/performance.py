@@ -179,11 +179,20 @@ _PROFILER_DTYPES = {"float": torch.float32, "double": torch.float64, "c10::Half"
 @dataclass(frozen=True)
 class KernelCall:
     """One operation or kernel the profiler saw: its name, where it ran ("cpu" for an aten op
-    or oneDNN primitive, "cuda" for a GPU kernel), and the floating-point dtypes of its tensor
-    inputs (empty for GPU kernels, whose inputs the profiler does not record)."""
+    or oneDNN primitive, "cuda" for a GPU kernel), and the dtypes and shapes of its
+    floating-point tensor inputs (empty for GPU kernels, whose inputs the profiler does not
+    record)."""
     name: str
     device: str
     input_dtypes: tuple[torch.dtype, ...]
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+
+    def matmul_dims(self) -> tuple[int, int, int]:
+        """(m, n, k) of an `aten::mm`, `aten::addmm` or `aten::bmm` call: (m x k) @ (k x n)."""
+        if self.name not in _MATMUL_OPERANDS:
+            raise ValueError(f"{self.name} is not one of the matmuls {', '.join(_MATMUL_OPERANDS)}")
+        a, b = (self.input_shapes[i] for i in _MATMUL_OPERANDS[self.name])
+        return a[-2], b[-1], a[-1]
 
     def __str__(self) -> str:
         dtypes = ", ".join(_short(d) for d in self.input_dtypes)
@@ -213,7 +222,13 @@ def kernels_that_ran(fn: Callable[[], object]) -> list[KernelCall]:
     calls = []
     for event in sorted(profile.events(), key=lambda e: e.time_range.start):
         on_gpu = event.device_type == torch.autograd.DeviceType.CUDA
-        dtypes = () if on_gpu else tuple(_PROFILER_DTYPES[d] for d in event.input_dtypes
-                                         if d in _PROFILER_DTYPES)
-        calls.append(KernelCall(event.name, "cuda" if on_gpu else "cpu", dtypes))
+        tensors = [] if on_gpu else [(_PROFILER_DTYPES[d], tuple(shape)) for d, shape
+                                     in zip(event.input_dtypes, event.input_shapes)
+                                     if d in _PROFILER_DTYPES]
+        calls.append(KernelCall(event.name, "cuda" if on_gpu else "cpu",
+                                tuple(d for d, _ in tensors), tuple(s for _, s in tensors)))
     return calls
+
+
+# Which of a matmul op's floating-point tensor inputs are A and B (addmm's first is the bias).
+_MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1)}

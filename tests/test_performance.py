@@ -173,3 +173,15 @@ def test_kernels_that_ran_shows_autocast_sending_an_fp32_linear_to_bf16():
 def test_kernels_that_ran_rejects_a_non_callable():
     with pytest.raises(TypeError, match=r"needs a function to call, got tensor"):
         kernels_that_ran(torch.ones(2) @ torch.ones(2))
+
+
+def test_kernels_that_ran_records_shapes_and_matmul_dims():
+    a, b, bias = torch.randn(24, 40), torch.randn(40, 56), torch.randn(56)
+    batched = torch.randn(3, 24, 40)
+    calls = kernels_that_ran(lambda: (torch.addmm(bias, a, b), a @ b, batched @ torch.randn(3, 40, 56)))
+    dims = {c.name: c.matmul_dims() for c in calls if c.name in ("aten::mm", "aten::addmm", "aten::bmm")}
+    assert dims == {"aten::mm": (24, 56, 40), "aten::addmm": (24, 56, 40), "aten::bmm": (24, 56, 40)}
+    addmm = next(c for c in calls if c.name == "aten::addmm")
+    assert addmm.input_shapes == ((56,), (24, 40), (40, 56))
+    with pytest.raises(ValueError, match="aten::add is not one of the matmuls"):
+        KernelCall("aten::add", "cpu", (torch.float32,), ((2,),)).matmul_dims()
