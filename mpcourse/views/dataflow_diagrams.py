@@ -212,6 +212,9 @@ def collective_timeline(world_size: int = 2, num_blocks: int = 4,
         ax.spines[["top", "right", "left"]].set_visible(False)
         ax.tick_params(left=False)
     bottom.set_xlim(0.8, back + 2 * n + 2.0)
+    names = [name for name in DTYPE_COLOURS
+             if name in {dtype_label(param_dtype), dtype_label(reduce_dtype), "fp32"}]
+    dtype_legend(top, names, loc="upper right", title="on the wire", title_fontsize=9)
     bottom.set_xticks([])
     bottom.set_xlabel(f"time →   (world size {world_size}, {per_block:,} parameters per block; "
                       "kB = bytes each rank sends, ring algorithms)")
