@@ -11,8 +11,6 @@ Colours are `mpcourse.views.diagrams.DTYPE_COLOURS`, the same as in every other 
 """
 from __future__ import annotations
 
-import inspect
-
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
@@ -73,26 +71,32 @@ def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
 def fp8_linear_dataflow() -> Figure:
     """Forward and backward of `mpcourse.fp8.Fp8Linear`: which tensor goes to which FP8 format,
     how its scale is made, and where current and delayed scaling keep the scales."""
-    history = inspect.signature(Fp8Linear).parameters["history_len"].default
+    layer = Fp8Linear(2, 2)  # the defaults: delayed scaling; one step to read the dtypes off
+    x = torch.ones(1, 2, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    history = len(layer.input_scaling.amax_history)
+    scale_dtype = dtype_label(layer.input_scaling.scale.dtype)
     e4m3, e5m2 = FP8_E4M3.max, FP8_E5M2.max
     fig, ax = plt.subplots(figsize=(12, 5.6))
     blank_axes(ax, 12, 5.6)
     cols = (1.0, 3.55, 6.2, 8.75, 11.0)
     rows = {"x": 4.85, "w": 3.65, "g": 1.85}
-    box(ax, cols[0], rows["x"], "input x", "fp32", width=1.7, note=" / bf16")
-    box(ax, cols[0], rows["w"], "weight W (master)", "fp32", width=1.7)
-    box(ax, cols[0], rows["g"], "output gradient dY", "fp32", width=1.7)
-    for key, fmt, limit in (("x", "fp8_e4m3", e4m3), ("w", "fp8_e4m3", e4m3),
-                            ("g", "fp8_e5m2", e5m2)):
-        y = rows[key]
-        box(ax, cols[1], y, f"s = {limit:g} / amax", width=2.1, height=0.7)
-        box(ax, cols[2], y, "round(x·s) to", fmt, width=1.9, gid=f"format_{key}")
-        arrow(ax, (cols[0] + 0.85, y), (cols[1] - 1.05, y), "amax", offset=(0, 0.2))
-        arrow(ax, (cols[1] + 1.05, y), (cols[2] - 0.95, y))
+    box(ax, cols[0], rows["x"], "input x", x.dtype, width=1.7)
+    box(ax, cols[0], rows["w"], "weight W (master)", layer.weight.dtype, width=1.7)
+    box(ax, cols[0], rows["g"], "output gradient dY", y.dtype, width=1.7)
+    for key, sym, fmt, limit in (("x", "x", "fp8_e4m3", e4m3), ("w", "W", "fp8_e4m3", e4m3),
+                                 ("g", "dY", "fp8_e5m2", e5m2)):
+        y_row = rows[key]
+        box(ax, cols[1], y_row, f"s_{sym} = {limit:g} / amax", width=2.1, height=0.7)
+        box(ax, cols[2], y_row, f"round({sym} · s_{sym}) to", fmt, width=1.9, gid=f"format_{key}")
+        arrow(ax, (cols[0] + 0.85, y_row), (cols[1] - 1.05, y_row), "amax", offset=(0, 0.2))
+        arrow(ax, (cols[1] + 1.05, y_row), (cols[2] - 0.95, y_row))
     box(ax, cols[3], 4.25, "matmul, then\n÷ (s_x · s_W)", width=1.9, height=0.9)
-    box(ax, cols[4], 4.25, "output y", "fp32", width=1.6)
-    box(ax, cols[3], 1.85, "dX = dY·W\ndW = dYᵀ·x", width=1.9, height=0.9)
-    box(ax, cols[4], 1.85, "dX, dW", "fp32", width=1.6)
+    box(ax, cols[4], 4.25, "output y", y.dtype, width=1.6, gid="output")
+    box(ax, cols[3], 1.85, "dX = dY · W\ndW = dYᵀ · x, then\n÷ (s_dY · s_W or s_x)",
+        width=2.0, height=1.0)
+    box(ax, cols[4], 1.85, "dX, dW", layer.weight.grad.dtype, width=1.6, gid="grads")
     arrow(ax, (cols[2] + 0.95, rows["x"]), (cols[3] - 0.95, 4.45))
     arrow(ax, (cols[2] + 0.95, rows["w"]), (cols[3] - 0.95, 4.05))
     arrow(ax, (cols[3] + 0.95, 4.25), (cols[4] - 0.8, 4.25))
@@ -103,7 +107,9 @@ def fp8_linear_dataflow() -> Figure:
     ax.text(0.1, 5.5, "forward", fontsize=10, fontweight="bold", color="#555555", va="top")
     ax.text(0.1, 2.6, "backward", fontsize=10, fontweight="bold", color="#555555", va="top")
     ax.plot([0.1, 11.9], [2.85, 2.85], color="#cccccc", linewidth=1)
-    ax.text(0.1, 0.95, "where each s comes from:", fontsize=9.5, fontweight="bold", va="center")
+    ax.text(0.1, 0.95, f"where each s comes from (one {scale_dtype} scalar per tensor, kept in "
+            "the layer: input_scaling, weight_scaling, grad_scaling):", fontsize=9.5,
+            fontweight="bold", va="center")
     ax.text(0.1, 0.55, "current scaling: from this tensor's own amax (one more pass over it "
             "before the cast)", fontsize=9.5, va="center")
     ax.text(0.1, 0.18, f"delayed scaling: from the largest of the last {history} amaxes, kept "
