@@ -287,7 +287,7 @@ def master_weight_loop(start: float = 1.0, update: float = 1e-3, steps: int = 10
                f"{start:g} + {update:g} rounds back to {float(alone[1]):g}:\n"
                f"BF16's spacing at {start:g} is {gap:g},\nhalf of it {gap / 2:g} > {update:g}",
                ha="right", va="bottom", fontsize=9)
-    right.set_title(f"{steps} updates of {update:g} to a weight {start:g}", fontsize=12)
+    right.set_title(f"{steps} updates of {update:g} to a weight of {start:g}", fontsize=12)
     fig.tight_layout()
     return fig
 
