@@ -15,7 +15,8 @@ import sys
 import torch
 
 from mpcourse.models import GPT
-from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, RunComparison, train
+from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, train
+from mpcourse.views.runs import RunComparison
 
 # Dense (no sparsity) peak FLOP/s from NVIDIA's data sheets, per precision.
 PEAK_FLOPS = {

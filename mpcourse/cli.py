@@ -73,7 +73,8 @@ def _lab_size(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from mpcourse.train import format_table, train
+    from mpcourse.train import train
+    from mpcourse.views.runs import format_table
     try:
         config = _run_config(args, args.precision, _lab_size(args).config)
     except ValueError as error:
@@ -106,11 +107,15 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_distributed(args: argparse.Namespace, config) -> int:
     """`mpcourse train --nproc N`: the run on N local processes through torchrun (lesson 08)."""
-    from mpcourse.distributed import check_nproc, format_results, launch, run_for_precision
+    import dataclasses
+    from mpcourse.distributed import check_nproc, launch, run_for_precision
+    from mpcourse.views.distributed import format_results
     try:
         if args.resume:
             raise ValueError("--resume works for single-process runs only; drop --nproc or --resume")
         run = run_for_precision(config.precision)
+        if run.strategy == "fsdp2":  # the policy's param_dtype is the precision: no autocast, no scaler
+            config = dataclasses.replace(config, precision="fp32", loss_scaling="off")
         check_nproc(args.nproc, config.resolved_device().type)
         print(f"{run.label} on {args.nproc} processes, {config.steps} steps (started by torchrun) ...")
         results = launch([run], config, nproc=args.nproc, timeout_s=None)
@@ -124,7 +129,8 @@ def _train_distributed(args: argparse.Namespace, config) -> int:
 def _compare(args: argparse.Namespace) -> int:
     import matplotlib
     matplotlib.use("Agg")
-    from mpcourse.train import RunComparison, fit_to_hardware, train
+    from mpcourse.train import fit_to_hardware, train
+    from mpcourse.views.runs import RunComparison
     try:
         base = _lab_size(args).config
         configs = [_run_config(args, precision.strip(), base) for precision in args.precisions.split(",")]
@@ -163,9 +169,10 @@ def run_record(result) -> dict:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     """The switches and sizes shared by `train` and `compare` (sizes default to the lab's)."""
-    parser.add_argument("--autocast", choices=("torch", "mpcourse"), default="torch",
+    from mpcourse.train import AUTOCASTS, LOSS_SCALINGS
+    parser.add_argument("--autocast", choices=AUTOCASTS, default="torch",
                         help="whose autocast and loss scaler run the recipe (default: %(default)s)")
-    parser.add_argument("--loss-scaling", choices=("auto", "dynamic", "static", "off"), default="auto",
+    parser.add_argument("--loss-scaling", choices=("auto",) + LOSS_SCALINGS, default="auto",
                         help="auto: dynamic for fp16, off otherwise (default: %(default)s)")
     parser.add_argument("--master-weights", action="store_true",
                         help="16-bit parameters with FP32 master weights")
@@ -182,6 +189,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mpcourse.precision import RUN_PRECISIONS
     parser = argparse.ArgumentParser(
         prog="mpcourse", description="The mixed-precision training course: tools for learners and instructors.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -211,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     grade.set_defaults(handler=_grade)
 
     train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")
-    train.add_argument("--precision", choices=("fp32", "tf32", "bf16", "fp16"), default="fp32",
+    train.add_argument("--precision", choices=RUN_PRECISIONS, default="fp32",
                        help="(default: %(default)s)")
     _add_run_options(train)
     train.add_argument("--checkpoint", default="mpcourse-checkpoint.pt",

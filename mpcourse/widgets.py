@@ -1,7 +1,7 @@
 """The lab's control panel: pick the switches, press Run, watch the loss, compare the runs.
 
 The panel is thin: what each control means is decided by `config_from_controls`, what a run
-shows by `mpcourse.train` (`train`, `html_table`, `plot_losses`), and the panel's own state
+shows by `mpcourse.train.train` and `mpcourse.views` (`html_table`, `plot_curves`), and the panel's own state
 changes (`ControlPanel.run`) can be driven from a test with `run_button.click()`, no browser.
 """
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from html import escape
+from typing import NamedTuple
 
 import ipywidgets as widgets
 
 from mpcourse.lab_size import lab_size
-from mpcourse.train import (PRECISIONS, RunConfig, RunResult, StepInfo, fit_to_hardware,
-                            html_table, plot_losses, train)
+from mpcourse.precision import RUN_PRECISIONS
+from mpcourse.train import RunConfig, RunResult, StepInfo, fit_to_hardware, train
+from mpcourse.views.runs import html_table, plot_curves
 
 
 def config_from_controls(base: RunConfig, *, precision: str, loss_scaling: bool,
@@ -31,6 +33,12 @@ def config_from_controls(base: RunConfig, *, precision: str, loss_scaling: bool,
         d_model=d_model, batch_size=batch_size, steps=steps,
         warmup_steps=min(base.warmup_steps, steps - 1))
     return fit_to_hardware(config, seconds=slow_limit_s)
+
+
+class LiveRun(NamedTuple):
+    """The run in progress, as the live plot draws it."""
+    label: str
+    losses: list[float]
 
 
 def redraw_every(steps: int, times: int = 10) -> int:
@@ -56,7 +64,7 @@ class ControlPanel:
         self.base = base
         self.results: list[RunResult] = []
         style = {"description_width": "initial"}
-        self.precision = widgets.ToggleButtons(options=PRECISIONS, value=base.precision,
+        self.precision = widgets.ToggleButtons(options=RUN_PRECISIONS, value=base.precision,
                                                description="Precision", style=style)
         self.autocast = widgets.ToggleButtons(options=("torch", "mpcourse"), value=base.autocast,
                                               description="Autocast and scaler from", style=style)
@@ -77,7 +85,7 @@ class ControlPanel:
         self.status = widgets.HTML(value=escape(sized + "Choose the settings and press Run."))
         self.plot = widgets.Output()
         self.results_table = widgets.HTML(value=html_table([]))
-        self.live: RunResult | None = None
+        self.live: LiveRun | None = None
         self.run_button.on_click(lambda _button: self.run())
         controls = widgets.VBox([self.precision, self.autocast,
                                  widgets.HBox([self.loss_scaling, self.master_weights]),
@@ -95,7 +103,7 @@ class ControlPanel:
         """Train the configuration the controls show; update the plot, status and table."""
         config = self.config()
         self.run_button.disabled = True
-        self.live = RunResult(config, "", True)
+        self.live = LiveRun(config.label, [])
         every = redraw_every(config.steps)
         notes = []
         try:
@@ -120,12 +128,14 @@ class ControlPanel:
         self.status.value = escape(f"step {info.step + 1}/{info.steps}: loss {info.loss:.4f}, "
                                    f"{info.tokens_per_s:,.0f} tokens/s, scale {info.scale:g}")
         if (info.step + 1) % every == 0:
-            self._draw(self.results + [self.live])
+            self._draw(self.results, live=self.live)
 
-    def _draw(self, results: list[RunResult]) -> None:
+    def _draw(self, results: list[RunResult], live: LiveRun | None = None) -> None:
         import matplotlib.pyplot as plt
         from IPython.display import clear_output, display
-        figure = plot_losses(results)
+        curves = [(r.config.label, r.losses) for r in results] + ([tuple(live)] if live else [])
+        floor = results[0].floor if results else None
+        figure = plot_curves(curves, floor)
         with self.plot:
             clear_output(wait=True)
             display(figure)

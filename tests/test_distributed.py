@@ -3,17 +3,19 @@
 All runs share one torchrun launch (starting processes costs more than the runs), bounded in
 time; each is compared with single-process training on the same global batch.
 """
+import dataclasses
+
 import pytest
 import torch
 
-from mpcourse.distributed import (DistributedRun, check_nproc, compress_hook, format_results, launch,
-                                  memory_per_rank, run_for_precision, sharding_policy, simulated_reduce, torchrun_command,
-                                  train_single_process)
+from mpcourse.distributed import (DistributedRun, DistributedRunConfig, check_nproc, compress_hook, launch,
+                                  memory_per_rank, run_for_precision, sharding_policy, simulated_reduce, torchrun_command)
 from mpcourse.models import GPT
-from mpcourse.train import RunConfig
+from mpcourse.train import RunConfig, train
+from mpcourse.views.distributed import format_results
 
 CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=8, steps=10,
-                   vocab_size=64, lr=1e-2, device="cpu")
+                   vocab_size=64, lr=1e-2, device="cpu", loss_scaling="off", grad_clip=None)
 RUNS = {"ddp": DistributedRun("ddp"), "ddp_fp16": DistributedRun("ddp", "fp16"),
         "ddp_bf16": DistributedRun("ddp", "bf16"),
         "fsdp2": DistributedRun("fsdp2", param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
@@ -34,7 +36,7 @@ def single_process():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train_single_process(CONFIG)
+        return train(CONFIG).losses
     finally:
         torch.set_num_threads(before)
 
@@ -157,7 +159,7 @@ def test_torchrun_command_starts_this_module():
     command = torchrun_command(2, ["--spec", "s.json"])
     assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert "--nproc-per-node=2" in command
-    assert command[-4:] == ["-m", "mpcourse.distributed", "--spec", "s.json"]
+    assert command[-4:] == ["-m", "mpcourse.distributed.worker", "--spec", "s.json"]
 
 
 def test_precision_maps_to_a_distributed_run_and_results_print(results):
@@ -176,3 +178,40 @@ def test_cli_refuses_bad_nproc_with_a_clear_error(capsys):
     assert "nproc=10000 is more processes than this machine has CPUs" in capsys.readouterr().err
     assert main(["train", "--nproc", "2", "--device", "cpu", "--resume"]) == 2
     assert "--resume works for single-process runs only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("switch,value,strategy", [
+    ("time_limit_s", 5.0, "ddp"), ("master_weights", True, "ddp"), ("autocast", "mpcourse", "ddp"),
+    ("precision", "bf16", "fsdp2"), ("loss_scaling", "dynamic", "fsdp2")])
+def test_a_switch_a_multi_process_run_cannot_honour_is_refused_by_name(switch, value, strategy):
+    run = RUNS["ddp"] if strategy == "ddp" else RUNS["fsdp2"]
+    config = dataclasses.replace(CONFIG, **{switch: value})
+    with pytest.raises(ValueError, match=f"{switch}=.*not supported by a {run.label.split()[0]}"):
+        DistributedRunConfig(**dataclasses.asdict(config), run=run)
+    with pytest.raises(ValueError, match=switch):   # before any process starts
+        launch([run], config, nproc=2, timeout_s=1)
+
+
+def test_ddp_runs_the_whole_recipe_of_the_one_loop_autocast_scaling_and_clipping():
+    """DDP honours every switch of the single-process recipe: bf16 autocast, dynamic loss
+    scaling and gradient clipping give the losses of one process on the whole batch."""
+    config = dataclasses.replace(CONFIG, precision="bf16", loss_scaling="dynamic", grad_clip=0.05,
+                                 steps=8)
+    (distributed,) = launch([RUNS["ddp"]], config, nproc=2, timeout_s=120)
+    alone = train(config).losses
+    unclipped = train(dataclasses.replace(config, grad_clip=None)).losses
+    assert len(distributed.losses) == config.steps
+    # bf16 matmuls over half the rows per process round differently: within bf16's error, and
+    # much nearer the clipped single-process run than clipping is to not clipping
+    near = max(abs(a - b) for a, b in zip(distributed.losses, alone))
+    far = max(abs(a - b) for a, b in zip(alone, unclipped))
+    assert near < 5e-3 and near < far / 4, (near, far)
+
+
+def test_cli_trains_bf16_on_two_processes_with_fsdp2(capsys):
+    from mpcourse.cli import main
+    assert main(["train", "--nproc", "2", "--device", "cpu", "--precision", "bf16", "--steps", "3",
+                 "--d-model", "32", "--layers", "1", "--heads", "2", "--batch", "4",
+                 "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2 param bfloat16, reduce float32" in out

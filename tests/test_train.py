@@ -10,9 +10,11 @@ import torch
 from mpcourse import hardware
 from mpcourse.data import Batches, MarkovText
 from mpcourse.models import GPT, next_token_loss
-from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, PRECISIONS, RunConfig,
-                            RunResult, UnacceleratedPrecisionWarning, compare, fit_to_hardware,
-                            format_table, html_table, precision_support, train)
+from mpcourse.precision import RUN_PRECISIONS as PRECISIONS
+from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, RunConfig, RunResult,
+                            UnacceleratedPrecisionWarning, compare, fit_to_hardware,
+                            precision_support, train)
+from mpcourse.views.runs import format_table, html_table
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore::mpcourse.train.UnacceleratedPrecisionWarning")]
 TINY = RunConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=32, batch_size=2, seq_len=8,

@@ -1,0 +1,32 @@
+"""The precisions a run can choose, by name, and the torch dtypes behind them (lessons 01 and 06).
+
+The training loop, the lab's controls, the command line, the hardware report and the
+multi-process runs all speak of precisions by these short names; this module is the one place
+that says which names exist and what each means to torch.
+"""
+from __future__ import annotations
+
+import torch
+
+#: What a training run's `precision` may be: FP32; FP32 with TF32 tensor-core matmuls (CUDA);
+#: autocast to bfloat16 or float16.
+RUN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+#: What the hardware report rates: the run precisions, and FP8 for lesson 07's linears.
+PRECISIONS = RUN_PRECISIONS + ("fp8",)
+#: The 16-bit types autocast computes in, by name.
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: The storage dtype of each run precision's tensors (TF32 is a matmul mode of FP32 tensors).
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, **AUTOCAST_DTYPES}
+
+
+def autocast_dtype(precision: str) -> torch.dtype:
+    """The dtype autocast computes in for a 16-bit `precision` ("bf16" or "fp16")."""
+    if precision not in AUTOCAST_DTYPES:
+        raise ValueError(f"precision {precision!r} has no autocast dtype; choose one of "
+                         f"{', '.join(AUTOCAST_DTYPES)}")
+    return AUTOCAST_DTYPES[precision]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch's own name of a dtype without the module prefix: "bfloat16", "float32"."""
+    return str(dtype).removeprefix("torch.")

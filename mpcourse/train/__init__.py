@@ -1,0 +1,24 @@
+"""Training with every switch the course teaches (lesson 06): `RunConfig -> train -> RunResult`.
+
+- `config`: `RunConfig`, the switches and sizes of one run, and the extension points through
+  which a variant (FP8 linears, block scaling, low-precision optimizer state, several
+  processes) changes the model, the optimizer or the step without a loop of its own;
+- `loop`: `build` (seed, data, model, optimizer, scaler) and `train`, the one training loop,
+  with honest timing, callbacks, memory, checkpoints and a time limit;
+- `result`: `StepInfo` (what callbacks hear) and `RunResult` (what a run measured);
+- `checkpoint`: save and resume, bit for bit;
+- `device`: whether a precision runs, and runs fast, on the chosen device.
+
+Tables and plots of results live in `mpcourse.views`.
+"""
+from mpcourse.train.config import (AUTOCASTS, LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG,
+                                   LESSON_CUDA_CONFIG, LOSS_SCALINGS, RunConfig)
+from mpcourse.train.device import UnacceleratedPrecisionWarning, fit_to_hardware, precision_support
+from mpcourse.train.loop import Setup, build, compare, train
+from mpcourse.train.result import Callback, RunResult, StepInfo
+
+__all__ = [
+    "AUTOCASTS", "LESSON_CPU_CONFIG", "LESSON_CPU_MATMUL_CONFIG", "LESSON_CUDA_CONFIG",
+    "LOSS_SCALINGS", "RunConfig", "UnacceleratedPrecisionWarning", "fit_to_hardware",
+    "precision_support", "Setup", "build", "compare", "train", "Callback", "RunResult", "StepInfo",
+]
