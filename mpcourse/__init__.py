@@ -6,12 +6,12 @@ Modules follow the lessons:
 - 02 `memory`;
 - 03 `autocast`, with its op tables in `autocast_policy`;
 - 04 `master`;
-- 05 `scaling`;
+- 05 `scaling`, with the experiments lesson 09 repeats in `scaling_experiments`;
 - 06 `train` (the one training loop; variants plug in through `RunConfig`), `lab_size`,
   `widgets`, on `models` and `data`;
 - 07 `fp8`;
 - 08 `distributed`;
-- 09 `clinic` and `clinic_more`;
+- 09 `clinic`, a package with one module of cases per lesson;
 - 10 `blockscale`, `scaled_matmul`, `block_linear`;
 - 11 `stochastic`, `kahan`, `optim_states`, `optimizer_memory`, `update_walk`.
 

@@ -207,6 +207,32 @@ def is_fast(precision: str, probe: MatmulProbe | None = None) -> bool:
     return precision == "fp32" or (probe or measured_probe()).speedup(precision) >= FAST_SPEEDUP
 
 
+@dataclass(frozen=True)
+class SpeedPrediction:
+    """Whether autocast to `dtype` should beat FP32 on this hardware, and the reason."""
+    dtype: str
+    device_type: str
+    faster_than_fp32: bool
+    reason: str
+
+
+def predict_autocast_speed(report: HardwareReport, dtype: str = "bf16") -> SpeedPrediction:
+    """Predict from `report()` whether 16-bit autocast speeds matmuls up here.
+
+    16-bit matmuls are faster only where hardware computes in 16 bits: tensor cores on a GPU,
+    AVX512-BF16/AMX (or AVX512-FP16) on a CPU. Elsewhere each 16-bit value is converted to FP32
+    and back around every operation, which costs more than doing the whole thing in FP32.
+    """
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be 'bf16' or 'fp16', got {dtype!r}")
+    support = report.precisions[dtype]
+    if support.accelerated:
+        reason = f"{dtype} is accelerated here ({support.how}): expect autocast to be faster"
+    else:
+        reason = f"{dtype} is not accelerated here ({support.how}): expect autocast to be slower"
+    return SpeedPrediction(dtype, report.device_type, support.accelerated, reason)
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -1,4 +1,5 @@
 """hardware.report on this CPU and on a faked CUDA GPU, and the `mpcourse` command line."""
+import dataclasses
 import subprocess
 import sys
 
@@ -94,3 +95,25 @@ def test_unknown_or_missing_subcommand_prints_usage_and_exits_2(args):
     assert result.stderr.startswith("usage: mpcourse")
     if args:
         assert "invalid choice: 'frobnicate'" in result.stderr
+
+
+@pytest.mark.parametrize("flags, dtype, faster", [
+    (frozenset(), "bf16", False),
+    (frozenset({"avx512_bf16"}), "bf16", True),
+    (frozenset({"avx512_bf16"}), "fp16", False),
+    (frozenset({"amx_bf16", "amx_fp16"}), "fp16", True),
+])
+def test_autocast_speed_prediction_follows_the_report(flags, dtype, faster):
+    report = dataclasses.replace(hardware.report(), precisions=hardware.cpu_precisions(flags))
+    prediction = hardware.predict_autocast_speed(report, dtype)
+    assert prediction.faster_than_fp32 == faster == report.precisions[dtype].accelerated
+    assert (prediction.dtype, prediction.device_type) == (dtype, report.device_type)
+    assert report.precisions[dtype].how in prediction.reason
+    assert ("to be faster" if faster else "to be slower") in prediction.reason
+
+
+def test_autocast_speed_prediction_here_and_bad_dtype():
+    here = hardware.report()
+    assert hardware.predict_autocast_speed(here).faster_than_fp32 == here.precisions["bf16"].accelerated
+    with pytest.raises(ValueError, match="'fp8'"):
+        hardware.predict_autocast_speed(here, "fp8")

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from mpcourse import GradScaler, MasterWeightOptimizer, StaticLossScaler
 from mpcourse.scaling import to_fp32, update_scale
+from mpcourse.scaling_experiments import clipped_step, resume_experiment, skipped_steps
 
 STEPS = 50
 
@@ -591,3 +592,84 @@ def test_upstream_scaling_cases_match_torch(iteration):
     theirs = upstream_case(torch_scaler, iteration)
     assert ours[0] == theirs[0] and ours[0] != 128.0
     assert all(torch.equal(a, b) for a, b in zip(ours[1], theirs[1]))
+
+
+# The experiments lesson 05 and the clinic share (mpcourse.scaling_experiments).
+
+def test_skipped_steps_are_where_the_scale_went_down():
+    assert skipped_steps([2.0**15, 2.0**15, 2.0**14, 2.0**15, 2.0**14]) == [0, 2, 4]
+    assert skipped_steps([8.0, 16.0], initial_scale=8.0) == []
+
+
+def _clip_setup():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(16, 6), 5 * torch.randn(16, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    return model, optimizer, torch.nn.functional.mse_loss(model(x), y)
+
+
+@pytest.mark.parametrize("make_scaler", [lambda: torch.amp.GradScaler("cpu"), GradScaler])
+def test_clipped_step_in_both_orders_against_plain_clipping(make_scaler):
+    max_norm = 0.5
+    model, optimizer, loss = _clip_setup()  # the FP32 reference, written out
+    loss.backward()
+    true_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+    optimizer.step()
+    assert true_norm > max_norm, "the test needs clipping to matter"
+    reference = [p.detach().clone() for p in model.parameters()]
+
+    model, optimizer, loss = _clip_setup()
+    plain = clipped_step(loss, optimizer, model.parameters(), max_norm)
+    assert plain.true_norm == pytest.approx(true_norm, rel=1e-6)
+    assert plain.applied_norm == pytest.approx(max_norm, rel=1e-5)
+    assert all(torch.equal(p, r) for p, r in zip(model.parameters(), reference))
+
+    model, optimizer, loss = _clip_setup()
+    right = clipped_step(loss, optimizer, model.parameters(), max_norm, make_scaler())
+    assert right.true_norm == pytest.approx(true_norm, rel=1e-6)
+    assert all(torch.equal(p, r) for p, r in zip(model.parameters(), reference)), \
+        "scaling by a power of two and back is exact"
+
+    model, optimizer, loss = _clip_setup()
+    wrong = clipped_step(loss, optimizer, model.parameters(), max_norm, make_scaler(),
+                         unscale_first=False)
+    assert wrong.applied_norm == pytest.approx(max_norm / 2.0**16, rel=1e-5)
+
+
+def _resume_start():
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 4).half()
+    optimizer = MasterWeightOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    return model, optimizer, GradScaler(growth_interval=4)
+
+
+def _resume_train(model, optimizer, scaler, steps):
+    scales = []
+    for step in steps:
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(8, 4, generator=g), 30 * torch.randn(8, 4, generator=g)
+        optimizer.zero_grad()
+        loss = (model(x.half()).float() - y).pow(2).sum()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+def test_resume_experiment_repeats_the_run_only_with_the_scaler_state():
+    runs = resume_experiment(_resume_start, _resume_train, steps=16, stop_at=8)
+    full = runs.uninterrupted
+    assert len(full.scales) == 16 and full.scales[7] < 2.0**16, "the scale settled below 2**16"
+    assert runs.checkpoint["scaler"]["scale"] == full.scales[7]
+    assert runs.with_scaler_state.scales == full.scales[8:]
+    assert all(torch.equal(p, q) for p, q in
+               zip(runs.with_scaler_state.model.parameters(), full.model.parameters()))
+    # A fresh scaler restarts at 2**16 and halves once per skipped step back down.
+    without = runs.without_scaler_state.scales
+    assert len(skipped_steps(without)) >= math.log2(2.0**16 / full.scales[7]) > 0
+    assert not all(torch.equal(p, q) for p, q in
+                   zip(runs.without_scaler_state.model.parameters(), full.model.parameters()))
+    with pytest.raises(ValueError, match="stop_at"):
+        resume_experiment(_resume_start, _resume_train, steps=4, stop_at=4)

@@ -6,9 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.formats import BF16, FP16, round_to
+from mpcourse.formats import BF16, FP16, neighbours, round_to
 from mpcourse.master import MasterWeightOptimizer
-from mpcourse.stochastic import StochasticRoundingOptimizer, stochastic_round
+from mpcourse.stochastic import StochasticRoundingOptimizer, sgd_step_stochastic, stochastic_round
 
 
 def _reference(x: torch.Tensor, fmt, r: torch.Tensor) -> torch.Tensor:
@@ -131,3 +131,18 @@ def test_rejects_weights_it_cannot_round():
         StochasticRoundingOptimizer([torch.nn.Parameter(torch.ones(2))], torch.optim.SGD, lr=1)
     with pytest.raises(ValueError, match="empty parameter list"):
         StochasticRoundingOptimizer([], torch.optim.SGD, lr=1)
+
+
+def test_sgd_step_stochastic_rounds_to_a_neighbour_and_is_right_on_average():
+    weight = torch.nn.Parameter(torch.ones(20_000, dtype=torch.bfloat16))
+    weight.grad = torch.full_like(weight, 1.0)
+    sgd_step_stochastic([weight], lr=1e-3, generator=torch.Generator().manual_seed(0))
+    values = set(weight.detach().float().unique().tolist())
+    assert values == {neighbours(0.999, BF16)[0], 1.0}, values
+    assert weight.detach().double().mean().item() == pytest.approx(0.999, abs=2e-4)
+    assert weight.dtype == torch.bfloat16
+    untouched = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))  # no gradient: left alone
+    sgd_step_stochastic([untouched], lr=1e-3)
+    assert torch.equal(untouched.detach(), torch.ones(3, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float32"):
+        sgd_step_stochastic([torch.nn.Parameter(torch.ones(2))], lr=0.1)
