@@ -12,6 +12,7 @@ import torch
 
 from mpcourse import clinic, hardware
 from mpcourse.clinic import format_cases
+from mpcourse.clinic.case import diagnosed
 from mpcourse.formats import BF16, neighbours
 
 
@@ -283,3 +284,23 @@ def test_table_is_rendered_from_the_cases(cases):
 def test_case_prints_its_diagnosis(cases):
     text = str(cases[5])
     assert text.startswith("Case 5: ") and cases[5].cause in text and cases[5].evidence in text
+
+
+def test_diagnosed_reads_the_words_of_a_case():
+    words = """
+        A {dtype} title: with a colon
+        symptom: first line
+            continued
+        cause: x: y
+        fix: z
+        references: a #1; b PR #2
+        """
+    case = diagnosed(99, words, {"b": 1}, {"a": 2}, "evidence", dtype="bf16")
+    assert (case.number, case.title) == (99, "A bf16 title: with a colon")
+    assert (case.symptom, case.cause, case.fix) == ("first line continued", "x: y", "z")
+    assert case.references == ("a #1", "b PR #2")
+    assert (case.before, case.after, case.evidence) == ({"b": 1}, {"a": 2}, "evidence")
+    with pytest.raises(ValueError, match="missing \\['references'\\]"):
+        diagnosed(1, "title\nsymptom: s\ncause: c\nfix: f", {}, {}, "")
+    with pytest.raises(ValueError, match="'remedy: r'"):
+        diagnosed(1, "title\nsymptom: s\ncause: c\nremedy: r\nreferences: x", {}, {}, "")

@@ -14,8 +14,9 @@ The cases live with the lesson whose mechanism they break:
 - `scaling_cases` (lesson 05, loss scaling): 1, 5, 6, 7;
 - `training_cases` (the loop around them, lesson 06): 12, 13, 17;
 
-and `case` holds the `Case` record and the pieces they are built from. A new case goes into the
-module of its lesson and into `CASES` below, under the next free number.
+and `case` holds the `Case` record, `diagnosed` (a case's words, written as plain text above its
+function, joined to the numbers it measured) and the pieces the reproductions share. A new case
+goes into the module of its lesson and into `CASES` below, under the next free number.
 
 Every reproduction uses a few small tensors, because on a CPU without 16-bit instructions fp16
 and bf16 math is emulated and slow; on one CPU thread each case takes well under a second (case

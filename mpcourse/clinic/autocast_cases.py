@@ -6,18 +6,16 @@ weights change inside one region (case 9), and `model.half()` in its place (case
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import CheckpointError, checkpoint
 
 from mpcourse import hardware
 from mpcourse.autocast import autocast as mpcourse_autocast
 from mpcourse.benchmark import compare
-from mpcourse.clinic.case import Case, regression_data, seeded, tiny_mlp
+from mpcourse.clinic.case import Case, diagnosed, regression_data, seeded, tiny_mlp
 
 
 # ---------------------------------------------------------------------------------------------
@@ -33,6 +31,17 @@ def _threads(count: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+CPU_AUTOCAST_SLOWDOWN = """
+{dtype} autocast slower than FP32 on a CPU without 16-bit instructions
+symptom: the step is many times slower with autocast than without, on a CPU
+cause: without AVX512-BF16/AMX (bf16) or AVX512-FP16 (fp16), the CPU converts every 16-bit value
+    to FP32 and back around each operation
+fix: check mpcourse doctor first; on such a CPU train in FP32 and keep 16 bits for the GPU
+    (tensor cores) or a CPU with AVX512-BF16/AMX, where 16-bit matmuls are faster
+references: pytorch #118499; pytorch #86270
+"""
 
 
 def case_08_cpu_autocast_slowdown(size: int = 256, dtype: str = "bf16", repeats: int = 5,
@@ -72,17 +81,9 @@ def case_08_cpu_autocast_slowdown(size: int = 256, dtype: str = "bf16", repeats:
     after = {"fp32_seconds": timing.seconds_a,
              "advice": ("keep FP32 (or use the GPU) on this machine" if not prediction.faster_than_fp32
                         else f"autocast to {dtype} pays off here")}
-    return Case(
-        8, f"{dtype} autocast slower than FP32 on a CPU without 16-bit instructions",
-        symptom="the step is many times slower with autocast than without, on a CPU",
-        cause="without AVX512-BF16/AMX (bf16) or AVX512-FP16 (fp16), the CPU converts every "
-              "16-bit value to FP32 and back around each operation",
-        fix="check mpcourse doctor first; on such a CPU train in FP32 and keep 16 bits for the "
-            "GPU (tensor cores) or a CPU with AVX512-BF16/AMX, where 16-bit matmuls are faster",
-        references=("pytorch #118499", "pytorch #86270"),
-        before=before, after=after,
-        evidence=(f"predicted {'faster' if prediction.faster_than_fp32 else 'slower'}; measured "
-                  f"{size}x{size} step: {dtype} autocast takes {timing.ratio:.1f}x the FP32 time"))
+    evidence = (f"predicted {'faster' if prediction.faster_than_fp32 else 'slower'}; measured "
+                f"{size}x{size} step: {dtype} autocast takes {timing.ratio:.1f}x the FP32 time")
+    return diagnosed(8, CPU_AUTOCAST_SLOWDOWN, before, after, evidence, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,6 +120,18 @@ def _stale_cache_run(steps: int, loop_inside_region: bool, autocast_cls=torch.au
     return losses, true_loss
 
 
+STALE_WEIGHT_CACHE = """
+Stale autocast weight cache: weights updated inside one autocast region
+symptom: the loss printed is the same number every step, while the real weights drift (their
+    true loss is far worse)
+cause: inside one autocast region each FP32 weight is cast to bf16 once and the copy is reused;
+    optimizer.step() changes the FP32 weight in place, the cached copy does not follow
+fix: open a fresh autocast region for each forward pass (the cache empties when the region
+    exits), or autocast(..., cache_enabled=False)
+references: pytorch #86136; anemoi-core #134
+"""
+
+
 def case_09_stale_weight_cache(steps: int = 20) -> Case:
     """Train inside one autocast region: the forward keeps using the first bf16 weight copy."""
     stale, stale_true = _stale_cache_run(steps, loop_inside_region=True)
@@ -128,24 +141,27 @@ def case_09_stale_weight_cache(steps: int = 20) -> Case:
               "distinct_losses": len(set(stale)), "true_final_loss": stale_true,
               "mpcourse_autocast_same": ours == stale}
     after = {"first_loss": fresh[0], "last_loss": fresh[-1], "true_final_loss": fresh_true}
-    return Case(
-        9, "Stale autocast weight cache: weights updated inside one autocast region",
-        symptom="the loss printed is the same number every step, while the real weights drift "
-                "(their true loss is far worse)",
-        cause="inside one autocast region each FP32 weight is cast to bf16 once and the copy is "
-              "reused; optimizer.step() changes the FP32 weight in place, the cached copy does "
-              "not follow",
-        fix="open a fresh autocast region for each forward pass (the cache empties when the "
-            "region exits), or autocast(..., cache_enabled=False)",
-        references=("pytorch #86136", "anemoi-core #134"),
-        before=before, after=after,
-        evidence=(f"loop inside one region: loss {stale[0]:.3f} every step ({len(set(stale))} "
-                  f"distinct value), true loss of the final weights {stale_true:.1f}; one "
-                  f"region per step: {fresh[0]:.3f} -> {fresh[-1]:.4f}"))
+    evidence = (f"loop inside one region: loss {stale[0]:.3f} every step ({len(set(stale))} "
+                f"distinct value), true loss of the final weights {stale_true:.1f}; one "
+                f"region per step: {fresh[0]:.3f} -> {fresh[-1]:.4f}")
+    return diagnosed(9, STALE_WEIGHT_CACHE, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
 # Case 11: backward inside autocast, and model.half() against autocast.
+
+HALF_MODEL_VS_AUTOCAST = """
+model.half() against autocast, and backward inside autocast
+symptom: "mat1 and mat2 must have the same dtype" (older torch: "expected scalar type Half but
+    found Float") after model.half(); later, updates that vanish and fp16 gradients that
+    GradScaler refuses
+cause: model.half() converts the parameters themselves, so gradients and optimizer updates are
+    fp16 too; autocast keeps FP32 parameters and casts per op
+fix: keep the model in FP32 and wrap forward and loss in autocast; backward inside the region
+    gives the same gradients in eager mode, but belongs outside it
+references: pytorch #42358; pytorch #38487; pytorch #120930; pytorch #153044
+"""
+
 
 def case_11_half_model_vs_autocast(lr: float = 1e-3) -> Case:
     """model.half() and fp16 autocast compute the same forward; they differ in what they store.
@@ -193,18 +209,9 @@ def case_11_half_model_vs_autocast(lr: float = 1e-3) -> Case:
              "autocast_fraction_moved_by_one_step": moved["autocast"],
              "forward_losses_bitwise_equal": half_loss.item() == amp_loss.item(),
              "backward_inside_autocast_bitwise_equal": backward_same}
-    return Case(
-        11, "model.half() against autocast, and backward inside autocast",
-        symptom='"mat1 and mat2 must have the same dtype" (older torch: "expected scalar type '
-                'Half but found Float") after model.half(); later, updates that vanish and fp16 '
-                'gradients that GradScaler refuses',
-        cause="model.half() converts the parameters themselves, so gradients and optimizer "
-              "updates are fp16 too; autocast keeps FP32 parameters and casts per op",
-        fix="keep the model in FP32 and wrap forward and loss in autocast; backward inside the "
-            "region gives the same gradients in eager mode, but belongs outside it",
-        references=("pytorch #42358", "pytorch #38487", "pytorch #120930", "pytorch #153044"),
-        before=before, after=after,
-        evidence=(f"same forward loss ({'bitwise' if after['forward_losses_bitwise_equal'] else 'not bitwise'}); "
-                  f"one SGD step (lr {lr:g}) moves {moved['half']:.0%} of the fp16 weights, "
-                  f"{moved['autocast']:.0%} of the FP32 ones; backward inside autocast: gradients "
-                  f"{'bitwise equal' if backward_same else 'differ'}"))
+    forward = "bitwise" if after["forward_losses_bitwise_equal"] else "not bitwise"
+    backward = "bitwise equal" if backward_same else "differ"
+    evidence = (f"same forward loss ({forward}); one SGD step (lr {lr:g}) moves {moved['half']:.0%} "
+                f"of the fp16 weights, {moved['autocast']:.0%} of the FP32 ones; backward inside "
+                f"autocast: gradients {backward}")
+    return diagnosed(11, HALF_MODEL_VS_AUTOCAST, before, after, evidence)

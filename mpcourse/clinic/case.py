@@ -1,13 +1,15 @@
 """The clinic's record of one case, and the pieces every reproduction is built from.
 
 A case function makes the mistake on a tiny model, measures the symptom, applies the fix and
-measures again; what it returns is a `Case`. The pieces here are the ones the cases share: a
-seeded block, seeded regression data, a small MLP, and one loss-scaled step that says whether
-the scaler skipped it.
+measures again; it returns `diagnosed(number, WORDS, before, after, evidence)`: its words (title,
+symptom, cause, fix, references), written as plain text above the function, with the numbers it
+measured. The other pieces here are the ones the cases share: a seeded block, seeded regression
+data, a small MLP, and one loss-scaled step that says whether the scaler skipped it.
 """
 from __future__ import annotations
 
 import contextlib
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,34 @@ class Case:
                  f"  cause   : {self.cause}", f"  fix     : {self.fix}",
                  f"  measured: {self.evidence}"]
         return "\n".join(lines)
+
+
+FIELDS = ("symptom", "cause", "fix", "references")
+
+
+def diagnosed(number: int, words: str, before: dict[str, Any], after: dict[str, Any],
+              evidence: str, **values: Any) -> Case:
+    """Case `number`, its words read from `words` and its numbers from `before` and `after`.
+
+    `words` is the diagnosis as a reader would write it: the title on the first line, then
+    one line each starting `symptom:`, `cause:`, `fix:` and `references:` (separated by "; "),
+    continued on indented lines. `values` fill its {placeholders}, e.g. a dtype in the title.
+    """
+    lines = textwrap.dedent(words.format(**values) if values else words).strip().splitlines()
+    fields: dict[str, str] = {}
+    key = None
+    for line in lines[1:]:
+        if line.startswith((" ", "\t")) and key is not None:
+            fields[key] += " " + line.strip()
+            continue
+        key, _, text = line.partition(": ")
+        if key not in FIELDS or key in fields:
+            raise ValueError(f"case {number}: expected one line for each of {FIELDS}, got {line!r}")
+        fields[key] = text.strip()
+    if set(fields) != set(FIELDS):
+        raise ValueError(f"case {number}: missing {sorted(set(FIELDS) - set(fields))} in its words")
+    return Case(number, lines[0].strip(), fields["symptom"], fields["cause"], fields["fix"],
+                tuple(fields["references"].split("; ")), before, after, evidence)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpcourse.autocast import policy_for
-from mpcourse.clinic.case import Case, regression_data, seeded
+from mpcourse.clinic.case import Case, diagnosed, regression_data, seeded
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
 
@@ -46,6 +46,17 @@ class _WideActivations(nn.Module):
         return self.out(self.norm(hidden)), hidden
 
 
+FP16_OVERFLOW = """
+Activations beyond 65504: fp16 gives inf, then NaN
+symptom: the loss is NaN from the first step in fp16, while fp32 and bf16 train
+cause: an activation larger than fp16's maximum ({fp16_max:g}) rounds to inf; the next
+    normalization computes inf - inf = NaN
+fix: train in bf16 (same range as fp32), or run the offending layer in fp32
+    (autocast(enabled=False) around it)
+references: transformers #5651; transformers #10956
+"""
+
+
 def case_02_fp16_overflow() -> Case:
     """Activations above 65504 become inf in fp16, then NaN; bf16 or an fp32 layer keeps them."""
     with seeded(2):
@@ -70,19 +81,11 @@ def case_02_fp16_overflow() -> Case:
              "bf16_rel_error": abs(results["bf16"]["loss"] - reference) / reference,
              "fp16_fp32_layer_rel_error":
                  abs(results["fp16 + fp32 layer"]["loss"] - reference) / reference}
-    return Case(
-        2, "Activations beyond 65504: fp16 gives inf, then NaN",
-        symptom="the loss is NaN from the first step in fp16, while fp32 and bf16 train",
-        cause=f"an activation larger than fp16's maximum ({FP16_MAX:g}) rounds to inf; the next "
-              "normalization computes inf - inf = NaN",
-        fix="train in bf16 (same range as fp32), or run the offending layer in fp32 "
-            "(autocast(enabled=False) around it)",
-        references=("transformers #5651", "transformers #10956"),
-        before=before, after=after,
-        evidence=(f"largest activation {before['fp32_max_activation']:.0f} > {FP16_MAX:g}: "
-                  f"{before['fp16_inf_activations']} infs, fp16 loss {before['fp16_loss']}; bf16 "
-                  f"loss off by {after['bf16_rel_error']:.2%}, fp32 layer off by "
-                  f"{after['fp16_fp32_layer_rel_error']:.3%}"))
+    evidence = (f"largest activation {before['fp32_max_activation']:.0f} > {FP16_MAX:g}: "
+                f"{before['fp16_inf_activations']} infs, fp16 loss {before['fp16_loss']}; bf16 "
+                f"loss off by {after['bf16_rel_error']:.2%}, fp32 layer off by "
+                f"{after['fp16_fp32_layer_rel_error']:.3%}")
+    return diagnosed(2, FP16_OVERFLOW, before, after, evidence, fp16_max=FP16_MAX)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +111,18 @@ def _left_padded_causal_mask(length: int, padding: int, dtype: torch.dtype) -> t
     blocked = torch.ones(length, length, dtype=torch.bool).triu(1)
     blocked[:, :padding] = True
     return torch.zeros(length, length, dtype=dtype).masked_fill(blocked, torch.finfo(dtype).min)
+
+
+ATTENTION_MASK_OVERFLOW = """
+Attention mask finfo(fp16).min plus a negative bias: -inf, then NaN
+symptom: NaN in the attention output of padded rows, and one layer later in every row
+cause: -65504 + (-20) is beyond fp16's range and rounds to -inf; a row whose entries are all
+    -inf has softmax 0/0 = NaN, and as keys and values those NaN rows reach every query of the
+    next layer
+fix: add the mask and bias and take the softmax in fp32 (CUDA autocast runs softmax in fp32; it
+    cannot undo an add that already overflowed in fp16)
+references: pytorch #60939; transformers #17433; transformers #17306
+"""
 
 
 def case_03_attention_mask_overflow(length: int = 6, padding: int = 2, dim: int = 8) -> Case:
@@ -138,20 +153,11 @@ def case_03_attention_mask_overflow(length: int = 6, padding: int = 2, dim: int 
              "max_abs_error_vs_fp32": (fixed_out.float() - ref_out).abs().max().item(),
              "cuda_autocast_softmax": policy_for("cuda").category("softmax"),
              "cpu_autocast_softmax": policy_for("cpu").category("softmax")}
-    return Case(
-        3, "Attention mask finfo(fp16).min plus a negative bias: -inf, then NaN",
-        symptom="NaN in the attention output of padded rows, and one layer later in every row",
-        cause="-65504 + (-20) is beyond fp16's range and rounds to -inf; a row whose entries are "
-              "all -inf has softmax 0/0 = NaN, and as keys and values those NaN rows reach every "
-              "query of the next layer",
-        fix="add the mask and bias and take the softmax in fp32 (CUDA autocast runs softmax in "
-            "fp32; it cannot undo an add that already overflowed in fp16)",
-        references=("pytorch #60939", "transformers #17433", "transformers #17306"),
-        before=before, after=after,
-        evidence=(f"fp16 mask + bias = {before['mask_plus_bias_in_fp16']}: NaN rows "
-                  f"{before['nan_rows_layer1']}/{length} after layer 1, "
-                  f"{before['nan_rows_layer2']}/{length} after layer 2; fp32 softmax: 0 NaN rows, "
-                  f"max error {after['max_abs_error_vs_fp32']:.1e} vs fp32"))
+    evidence = (f"fp16 mask + bias = {before['mask_plus_bias_in_fp16']}: NaN rows "
+                f"{before['nan_rows_layer1']}/{length} after layer 1, "
+                f"{before['nan_rows_layer2']}/{length} after layer 2; fp32 softmax: 0 NaN rows, "
+                f"max error {after['max_abs_error_vs_fp32']:.1e} vs fp32")
+    return diagnosed(3, ATTENTION_MASK_OVERFLOW, before, after, evidence)
 
 
 
@@ -188,6 +194,18 @@ def _distinct_rows(table: torch.Tensor) -> int:
     return torch.unique(table, dim=0).shape[0]
 
 
+ROPE_IN_BF16 = """
+Rotary position tables built in bf16
+symptom: quality falls with context length; positions far apart in the sequence get the same
+    rotary angles
+cause: bf16 keeps 8 significant bits: above 256 it cannot hold every integer, so position 257 is
+    stored as 256, and model.to(bf16) also turns inv_freq into bf16
+fix: build positions, angles, cos and sin in FP32 (autocast off), cast the finished tables to
+    the model's dtype
+references: transformers PR #29285; gpt-neox #1003
+"""
+
+
 def case_14_rope_in_bf16(seq_len: int = 1024, dim: int = 16) -> Case:
     """In bf16 positions 256 and 257 are one number, so their rotary angles are equal."""
     tables = {}
@@ -206,19 +224,10 @@ def case_14_rope_in_bf16(seq_len: int = 1024, dim: int = 16) -> Case:
              "rows_256_257_equal": torch.equal(tables["fp32"][0][256], tables["fp32"][0][257]),
              "max_cos_error": (tables["fp32"][0].double() - exact.cos()).abs().max().item(),
              "seq_len": seq_len}
-    return Case(
-        14, "Rotary position tables built in bf16",
-        symptom="quality falls with context length; positions far apart in the sequence get "
-                "the same rotary angles",
-        cause="bf16 keeps 8 significant bits: above 256 it cannot hold every integer, so "
-              "position 257 is stored as 256, and model.to(bf16) also turns inv_freq into bf16",
-        fix="build positions, angles, cos and sin in FP32 (autocast off), cast the finished "
-            "tables to the model's dtype",
-        references=("transformers PR #29285", "gpt-neox #1003"),
-        before=before, after=after,
-        evidence=(f"bf16: {before['distinct_positions']} distinct positions of {seq_len}, "
-                  f"{before['distinct_cos_rows']} distinct cos rows, max cos error "
-                  f"{before['max_cos_error']:.2f}; built in FP32: {after['distinct_cos_rows']} "
-                  f"rows, error {after['max_cos_error']:.4f}"))
+    evidence = (f"bf16: {before['distinct_positions']} distinct positions of {seq_len}, "
+                f"{before['distinct_cos_rows']} distinct cos rows, max cos error "
+                f"{before['max_cos_error']:.2f}; built in FP32: {after['distinct_cos_rows']} "
+                f"rows, error {after['max_cos_error']:.4f}")
+    return diagnosed(14, ROPE_IN_BF16, before, after, evidence)
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpcourse.clinic.case import Case, regression_data, scaled_step, tiny_mlp
+from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, tiny_mlp
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.scaling import GradScaler
 from mpcourse.stochastic import sgd_step_stochastic
@@ -31,6 +31,17 @@ def _scaler_error(scaler, model: nn.Module, optimizer, x, y) -> str | None:
     except (ValueError, RuntimeError) as error:
         return f"{type(error).__name__}: {error}"
     return None
+
+
+FP16_PARAMETERS = """
+GradScaler with fp16 parameters: "Attempting to unscale FP16 gradients."
+symptom: ValueError: Attempting to unscale FP16 gradients. (at scaler.step or unscale_)
+cause: the model itself is fp16 (model.half()), so its gradients are fp16; dividing them by the
+    scale in fp16 would flush small ones to zero, so the scaler refuses
+fix: keep FP32 parameters and use autocast, or give the scaler an optimizer over FP32 master
+    weights (MasterWeightOptimizer)
+references: LLaVA #363; AdaFace #127
+"""
 
 
 def case_04_fp16_parameters(steps: int = 20) -> Case:
@@ -59,17 +70,9 @@ def case_04_fp16_parameters(steps: int = 20) -> Case:
              "skipped_steps": skipped,
              "master_dtypes": sorted({str(p.dtype) for p in optimizer.master_parameters()}),
              "working_dtypes": sorted({str(p.dtype) for p in model.parameters()})}
-    return Case(
-        4, 'GradScaler with fp16 parameters: "Attempting to unscale FP16 gradients."',
-        symptom='ValueError: Attempting to unscale FP16 gradients. (at scaler.step or unscale_)',
-        cause="the model itself is fp16 (model.half()), so its gradients are fp16; dividing them "
-              "by the scale in fp16 would flush small ones to zero, so the scaler refuses",
-        fix="keep FP32 parameters and use autocast, or give the scaler an optimizer over FP32 "
-            "master weights (MasterWeightOptimizer)",
-        references=("LLaVA #363", "AdaFace #127"),
-        before=before, after=after,
-        evidence=(f"torch and mpcourse raise '{errors['torch'].split(': ', 1)[1]}'; with FP32 "
-                  f"masters: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {steps} steps"))
+    evidence = (f"torch and mpcourse raise '{errors['torch'].split(': ', 1)[1]}'; with FP32 "
+                f"masters: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {steps} steps")
+    return diagnosed(4, FP16_PARAMETERS, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +109,18 @@ def _bf16_regression(update: str, steps: int, lr: float, n: int = 32):
     return {"never_moved": never_moved, "initial_loss": initial, "final_loss": final}
 
 
+PURE_BF16_UPDATES = """
+Pure bf16 training without master weights: small updates vanish
+symptom: the loss stops falling early; most weights are bit-for-bit unchanged after hundreds of
+    steps
+cause: near 1.0 bf16 values are 2**-7 apart, so an update smaller than 2**-8 rounds straight
+    back to the old weight
+fix: keep FP32 master weights (MasterWeightOptimizer), or round the update stochastically
+    (formats.round_to(..., rounding='stochastic'))
+references: pytorch/ao PR #1124
+"""
+
+
 def case_10_pure_bf16_updates(steps: int = 200, lr: float = 1e-3) -> Case:
     """bf16 weights near 1 ignore updates below 2**-8; masters or stochastic rounding keep them."""
     pure = _bf16_regression("bf16", steps, lr)
@@ -117,19 +132,10 @@ def case_10_pure_bf16_updates(steps: int = 200, lr: float = 1e-3) -> Case:
              "master_final_loss": master["final_loss"],
              "stochastic_never_moved_fraction": stochastic["never_moved"],
              "stochastic_final_loss": stochastic["final_loss"]}
-    return Case(
-        10, "Pure bf16 training without master weights: small updates vanish",
-        symptom="the loss stops falling early; most weights are bit-for-bit unchanged after "
-                "hundreds of steps",
-        cause="near 1.0 bf16 values are 2**-7 apart, so an update smaller than 2**-8 rounds "
-              "straight back to the old weight",
-        fix="keep FP32 master weights (MasterWeightOptimizer), or round the update "
-            "stochastically (formats.round_to(..., rounding='stochastic'))",
-        references=("pytorch/ao PR #1124",),
-        before=before, after=after,
-        evidence=(f"pure bf16: {pure['never_moved']:.0%} of weights never moved, loss "
-                  f"{pure['initial_loss']:.3f} -> {pure['final_loss']:.3f}; FP32 masters: "
-                  f"{master['final_loss']:.4f}; stochastic rounding: {stochastic['final_loss']:.4f}"))
+    evidence = (f"pure bf16: {pure['never_moved']:.0%} of weights never moved, loss "
+                f"{pure['initial_loss']:.3f} -> {pure['final_loss']:.3f}; FP32 masters: "
+                f"{master['final_loss']:.4f}; stochastic rounding: {stochastic['final_loss']:.4f}")
+    return diagnosed(10, PURE_BF16_UPDATES, before, after, evidence)
 
 
 
@@ -152,6 +158,19 @@ def _one_adam_step(wrap_in_masters: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return weight.detach().clone(), state["exp_avg_sq"].clone()
 
 
+FP16_ADAM = """
+Adam on fp16 parameters: 0/0, x/0 and x/inf
+symptom: NaN or inf weights after the first step, or weights that never move, with
+    torch.optim.Adam on a model.half()
+cause: Adam keeps its state in the parameters' dtype: in fp16 eps=1e-8 rounds to 0 (a zero
+    gradient gives 0/0), (1-beta2)*g**2 underflows to 0 for g=1e-3 (x/0 = inf) and overflows to
+    inf for g=1e4 (x/inf = 0)
+fix: keep the optimizer in FP32: FP32 parameters under autocast, or FP32 masters
+    (MasterWeightOptimizer)
+references: optimi PR #15; optax PR #1769
+"""
+
+
 def case_15_fp16_adam() -> Case:
     """fp16 Adam state: eps=1e-8 is 0, 1e-3**2 * 1e-3 is 0, and 1e4**2 * 1e-3 is inf."""
     weight, exp_avg_sq = _one_adam_step(wrap_in_masters=False)
@@ -162,19 +181,9 @@ def case_15_fp16_adam() -> Case:
     after = {"exp_avg_sq": fixed_exp_avg_sq.tolist(),
              "exp_avg_sq_dtype": str(fixed_exp_avg_sq.dtype),
              "weights_after_one_step": fixed_weight.tolist()}
-    return Case(
-        15, "Adam on fp16 parameters: 0/0, x/0 and x/inf",
-        symptom="NaN or inf weights after the first step, or weights that never move, with "
-                "torch.optim.Adam on a model.half()",
-        cause="Adam keeps its state in the parameters' dtype: in fp16 eps=1e-8 rounds to 0 "
-              "(a zero gradient gives 0/0), (1-beta2)*g**2 underflows to 0 for g=1e-3 (x/0 = "
-              "inf) and overflows to inf for g=1e4 (x/inf = 0)",
-        fix="keep the optimizer in FP32: FP32 parameters under autocast, or FP32 masters "
-            "(MasterWeightOptimizer)",
-        references=("optimi PR #15", "optax PR #1769"),
-        before=before, after=after,
-        evidence=(f"gradients {list(GRADIENTS_15)}: fp16 weights {before['weights_after_one_step']}; "
-                  f"FP32 state: {after['weights_after_one_step']}"))
+    evidence = (f"gradients {list(GRADIENTS_15)}: fp16 weights {before['weights_after_one_step']}; "
+                f"FP32 state: {after['weights_after_one_step']}")
+    return diagnosed(15, FP16_ADAM, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +220,18 @@ def _decay(dtype: torch.dtype, steps: int, beta2: float = 0.999) -> float:
     return v.item() / (1 - beta2)
 
 
+BF16_ADAM = """
+Adam on bf16 parameters: the weights stop updating
+symptom: the loss is the same at every step and no weight changes, with AdamW on bf16 weights
+cause: not underflow: bf16 has FP32's range, so v is far from 0. Adam's steps are about lr, and
+    lr=1e-4 is below half bf16's gap near 1 (2**-8): each step rounds away. bf16 state also
+    rounds beta2=0.999's decay away, so v never shrinks
+fix: FP32 masters and FP32 optimizer state (MasterWeightOptimizer), or lesson 11's cures:
+    stochastic rounding or Kahan compensation of the weights
+references: keras-hub #2629; keras-hub PR #2772
+"""
+
+
 def case_16_bf16_adam(steps: int = 100) -> Case:
     """bf16 AdamW stalls; not because v underflows, but because its updates round away."""
     pure = _bf16_adam_run(steps, masters=False)
@@ -219,20 +240,10 @@ def case_16_bf16_adam(steps: int = 100) -> Case:
               "bf16_smallest_normal": torch.finfo(torch.bfloat16).tiny, "lr": 1e-4,
               "bf16_half_gap_in_1_2": 2.0**-8}
     after = {**master, "v_left_after_100_zero_steps_fp32": _decay(torch.float32, 100)}
-    return Case(
-        16, "Adam on bf16 parameters: the weights stop updating",
-        symptom="the loss is the same at every step and no weight changes, with AdamW on bf16 "
-                "weights",
-        cause="not underflow: bf16 has FP32's range, so v is far from 0. Adam's steps are about "
-              "lr, and lr=1e-4 is below half bf16's gap near 1 (2**-8): each step rounds away. "
-              "bf16 state also rounds beta2=0.999's decay away, so v never shrinks",
-        fix="FP32 masters and FP32 optimizer state (MasterWeightOptimizer), or lesson 11's "
-            "cures: stochastic rounding or Kahan compensation of the weights",
-        references=("keras-hub #2629", "keras-hub PR #2772"),
-        before=before, after=after,
-        evidence=(f"bf16 AdamW, {steps} steps at lr 1e-4: {pure['moved_fraction']:.0%} of weights "
-                  f"moved, {pure['exp_avg_sq_zeros']} zeros in v (min {pure['exp_avg_sq_min']:.1e}); "
-                  f"FP32 masters: {master['moved_fraction']:.0%} moved, loss "
-                  f"{master['first_loss']:.2f} -> {master['last_loss']:.2f}"))
+    evidence = (f"bf16 AdamW, {steps} steps at lr 1e-4: {pure['moved_fraction']:.0%} of weights "
+                f"moved, {pure['exp_avg_sq_zeros']} zeros in v (min {pure['exp_avg_sq_min']:.1e}); "
+                f"FP32 masters: {master['moved_fraction']:.0%} moved, loss "
+                f"{master['first_loss']:.2f} -> {master['last_loss']:.2f}")
+    return diagnosed(16, BF16_ADAM, before, after, evidence)
 
 

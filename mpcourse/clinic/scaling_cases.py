@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpcourse.clinic.case import Case, regression_data, scaled_step, seeded, tiny_mlp
+from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, seeded, tiny_mlp
 from mpcourse.scaling import GradScaler
 from mpcourse.scaling_experiments import clipped_step, resume_experiment, skipped_steps
 
@@ -45,6 +45,18 @@ def _fp16_scaled_run(steps: int, zero_grad: bool, scaler) -> dict[str, Any]:
     return {"scales": scales, "losses": losses, "skipped_steps": skipped, "weights_moved": moved}
 
 
+SCALE_COLLAPSE = """
+Gradients never zeroed: the loss scale halves every step, to 0
+symptom: GradScaler's scale falls by half every step and reaches 0; no step is taken (the same
+    happens when the loss itself is inf or NaN)
+cause: an ordinary early overflow put inf into .grad; without zero_grad the inf stays there and
+    every later step looks like an overflow
+fix: optimizer.zero_grad() every iteration (and check torch.isfinite(loss)); a scale below 1
+    means no scale can help: look for the inf
+references: fairseq #515; insightface #2262; PaddlePaddle #67895
+"""
+
+
 def case_01_scale_collapse(steps: int = 180) -> Case:
     """Without zero_grad, one overflow stays in .grad: every later step overflows, the scale -> 0."""
     broken = _fp16_scaled_run(steps, zero_grad=False, scaler=torch.amp.GradScaler("cpu"))
@@ -64,20 +76,11 @@ def case_01_scale_collapse(steps: int = 180) -> Case:
     after = {"final_scale": fixed["scales"][-1], "skipped_steps": fixed["skipped_steps"],
              "steps": steps, "first_loss": fixed["losses"][0], "last_loss": fixed["losses"][-1],
              "weights_moved": fixed["weights_moved"], "scales": fixed["scales"]}
-    return Case(
-        1, "Gradients never zeroed: the loss scale halves every step, to 0",
-        symptom="GradScaler's scale falls by half every step and reaches 0; no step is taken "
-                "(the same happens when the loss itself is inf or NaN)",
-        cause="an ordinary early overflow put inf into .grad; without zero_grad the inf stays "
-              "there and every later step looks like an overflow",
-        fix="optimizer.zero_grad() every iteration (and check torch.isfinite(loss)); a scale "
-            "below 1 means no scale can help: look for the inf",
-        references=("fairseq #515", "insightface #2262", "PaddlePaddle #67895"),
-        before=before, after=after,
-        evidence=(f"scale 2**16 -> 0 at step {first_zero}, {broken['skipped_steps']}/{steps} "
-                  f"steps skipped; with zero_grad: scale {fixed['scales'][-1]:g}, "
-                  f"{fixed['skipped_steps']} skipped, loss {fixed['losses'][0]:.0f} -> "
-                  f"{fixed['losses'][-1]:.0f}"))
+    evidence = (f"scale 2**16 -> 0 at step {first_zero}, {broken['skipped_steps']}/{steps} "
+                f"steps skipped; with zero_grad: scale {fixed['scales'][-1]:g}, "
+                f"{fixed['skipped_steps']} skipped, loss {fixed['losses'][0]:.0f} -> "
+                f"{fixed['losses'][-1]:.0f}")
+    return diagnosed(1, SCALE_COLLAPSE, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,6 +96,16 @@ def _clip_step(max_norm: float, scaler=None, unscale_first: bool = True):
     return model, step
 
 
+CLIP_BEFORE_UNSCALE = """
+Clipping before unscale_: the threshold is off by the scale
+symptom: training crawls: every update is tiny, although the loss and scale look normal
+cause: clip_grad_norm_ saw gradients multiplied by the scale (65536), so it clipped them to
+    max_norm and the scaler then divided by 65536: the effective threshold is max_norm / scale
+fix: scaler.unscale_(optimizer), then clip, then scaler.step(optimizer), scaler.update()
+references: Pytorch-UNet #468; returnn #1590; pytorch/examples #1196
+"""
+
+
 def case_05_clip_before_unscale(max_norm: float = 1.0) -> Case:
     """Clipping scaled gradients clips at max_norm / scale: the update shrinks 65536-fold."""
     scale = 2.0**16
@@ -106,18 +119,10 @@ def case_05_clip_before_unscale(max_norm: float = 1.0) -> Case:
               "matches_fp32_reference": equal(wrong, reference)}
     after = {"applied_grad_norm": right_norm, "reference_grad_norm": reference_step.applied_norm,
              "matches_fp32_reference": equal(right, reference)}
-    return Case(
-        5, "Clipping before unscale_: the threshold is off by the scale",
-        symptom="training crawls: every update is tiny, although the loss and scale look normal",
-        cause="clip_grad_norm_ saw gradients multiplied by the scale (65536), so it clipped them "
-              "to max_norm and the scaler then divided by 65536: the effective threshold is "
-              "max_norm / scale",
-        fix="scaler.unscale_(optimizer), then clip, then scaler.step(optimizer), scaler.update()",
-        references=("Pytorch-UNet #468", "returnn #1590", "pytorch/examples #1196"),
-        before=before, after=after,
-        evidence=(f"true norm {before['true_grad_norm']:.2f}, max_norm {max_norm}: applied norm "
-                  f"{wrong_norm:.2e} (= {max_norm}/65536) when clipped first, {right_norm:.4f} "
-                  f"after unscale_, bitwise equal to the FP32 reference"))
+    evidence = (f"true norm {before['true_grad_norm']:.2f}, max_norm {max_norm}: applied norm "
+                f"{wrong_norm:.2e} (= {max_norm}/65536) when clipped first, {right_norm:.4f} "
+                f"after unscale_, bitwise equal to the FP32 reference")
+    return diagnosed(5, CLIP_BEFORE_UNSCALE, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +157,17 @@ def _accumulated_step(scaler, micro_batches: int, unscale_each_micro_batch: bool
     return model, None
 
 
+UNSCALE_TWICE = """
+unscale_ called twice with gradient accumulation
+symptom: RuntimeError: unscale_() has already been called on this optimizer since the last
+    update().
+cause: unscale_ (often hidden inside a clipping helper) ran for every micro-batch, but the
+    gradients belong to one step: they may be unscaled once per update()
+fix: accumulate all micro-batches, then unscale_ once, clip, step and update
+references: transformers #23935; transformers #24449
+"""
+
+
 def case_06_unscale_twice(micro_batches: int = 4) -> Case:
     """unscale_ per micro-batch raises; unscale_ once per effective batch matches FP32."""
     _, torch_error = _accumulated_step(torch.amp.GradScaler("cpu"), micro_batches, True)
@@ -163,17 +179,9 @@ def case_06_unscale_twice(micro_batches: int = 4) -> Case:
     before = {"torch_error": torch_error, "mpcourse_error": our_error,
               "micro_batches": micro_batches}
     after = {"error": fixed_error, "max_param_difference_vs_fp32": difference}
-    return Case(
-        6, "unscale_ called twice with gradient accumulation",
-        symptom="RuntimeError: unscale_() has already been called on this optimizer since the "
-                "last update().",
-        cause="unscale_ (often hidden inside a clipping helper) ran for every micro-batch, but "
-              "the gradients belong to one step: they may be unscaled once per update()",
-        fix="accumulate all micro-batches, then unscale_ once, clip, step and update",
-        references=("transformers #23935", "transformers #24449"),
-        before=before, after=after,
-        evidence=(f"torch and mpcourse raise at the 2nd of {micro_batches} micro-batches; "
-                  f"unscale_ once: parameters within {difference:.1e} of the FP32 reference"))
+    evidence = (f"torch and mpcourse raise at the 2nd of {micro_batches} micro-batches; "
+                f"unscale_ once: parameters within {difference:.1e} of the FP32 reference")
+    return diagnosed(6, UNSCALE_TWICE, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,14 +207,26 @@ def _train(model: nn.Module, optimizer, scaler, steps: range) -> list[float]:
     return scales
 
 
+RESUME_WITHOUT_SCALER_STATE = """
+Resuming without the scaler's state
+symptom: right after a resume, several steps are skipped (or the loss jumps) although the run
+    was stable before the checkpoint
+cause: the checkpoint held the model and optimizer but not the scaler, so the resumed run starts
+    again at 2**16 and must overflow its way back down
+fix: save scaler.state_dict() with the checkpoint and load it on resume
+references: transformers PR #11663; fairseq2 #1346; accelerate #4289
+"""
+
+
 def case_07_resume_without_scaler_state(steps: int = 40, stop_at: int = 20) -> Case:
     """A resumed run that forgot the scaler restarts at 2**16 and skips steps to find it again."""
     runs = resume_experiment(_start_run, _train, steps, stop_at)
     saved = runs.checkpoint["scaler"]["scale"]
     forgot, kept = runs.without_scaler_state, runs.with_scaler_state
     forgot_skipped, kept_skipped = skipped_steps(forgot.scales), skipped_steps(kept.scales, saved)
+    uninterrupted = runs.uninterrupted.model
     difference = lambda m: max((p - q).abs().max().item()  # noqa: E731
-                               for p, q in zip(m.parameters(), runs.uninterrupted.model.parameters()))
+                               for p, q in zip(m.parameters(), uninterrupted.parameters()))
     after_stop = [s for s in skipped_steps(runs.uninterrupted.scales) if s >= stop_at]
     before = {"scale_at_checkpoint": saved, "scale_after_resume": 2.0**16,
               "skipped_after_resume": len(forgot_skipped), "scale_at_end": forgot.scales[-1],
@@ -215,15 +235,7 @@ def case_07_resume_without_scaler_state(steps: int = 40, stop_at: int = 20) -> C
     after = {"skipped_after_resume": len(kept_skipped),
              "max_param_difference_vs_uninterrupted": difference(kept.model),
              "bitwise_equal_to_uninterrupted": difference(kept.model) == 0.0}
-    return Case(
-        7, "Resuming without the scaler's state",
-        symptom="right after a resume, several steps are skipped (or the loss jumps) although "
-                "the run was stable before the checkpoint",
-        cause="the checkpoint held the model and optimizer but not the scaler, so the resumed "
-              "run starts again at 2**16 and must overflow its way back down",
-        fix='save scaler.state_dict() with the checkpoint and load it on resume',
-        references=("transformers PR #11663", "fairseq2 #1346", "accelerate #4289"),
-        before=before, after=after,
-        evidence=(f"scale at checkpoint {saved:g}; resumed at 2**16: "
-                  f"{len(forgot_skipped)} steps skipped; with the scaler state: "
-                  f"{len(kept_skipped)} skipped, bitwise equal to the uninterrupted run"))
+    evidence = (f"scale at checkpoint {saved:g}; resumed at 2**16: "
+                f"{len(forgot_skipped)} steps skipped; with the scaler state: "
+                f"{len(kept_skipped)} skipped, bitwise equal to the uninterrupted run")
+    return diagnosed(7, RESUME_WITHOUT_SCALER_STATE, before, after, evidence)

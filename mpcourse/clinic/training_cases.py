@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointError, checkpoint
 
 from mpcourse.autocast import autocast as mpcourse_autocast
-from mpcourse.clinic.case import Case, regression_data, scaled_step, seeded
+from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, seeded
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,6 +58,17 @@ def _caught_warnings(calls: Callable[[], None]) -> tuple[list[str], list[str]]:
     return future, [str(w.message) for w in caught if not issubclass(w.category, FutureWarning)]
 
 
+DEPRECATED_APIS = """
+Deprecated torch.cuda.amp.* and torch.cpu.amp.* APIs
+symptom: FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated (one per old call)
+cause: the device-specific namespaces were folded into torch.amp, which takes the device as an
+    argument
+fix: torch.amp.autocast(device_type), torch.amp.GradScaler(device_type),
+    torch.amp.custom_fwd/custom_bwd(device_type=...)
+references: torch/amp/autocast_mode.py; torch/cuda/amp/grad_scaler.py
+"""
+
+
 def case_12_deprecated_apis() -> Case:
     """torch.cuda.amp.* and torch.cpu.amp.* warn (FutureWarning); torch.amp.* does not.
 
@@ -70,17 +81,8 @@ def case_12_deprecated_apis() -> Case:
     before = {"future_warnings": len(old), "messages": old, "other_messages": old_other}
     after = {"future_warnings": len(new), "device_type": device_type,
              "replacements": dict(DEPRECATED_TO_MODERN)}
-    return Case(
-        12, "Deprecated torch.cuda.amp.* and torch.cpu.amp.* APIs",
-        symptom="FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated (one per "
-                "old call)",
-        cause="the device-specific namespaces were folded into torch.amp, which takes the "
-              "device as an argument",
-        fix="torch.amp.autocast(device_type), torch.amp.GradScaler(device_type), "
-            "torch.amp.custom_fwd/custom_bwd(device_type=...)",
-        references=("torch/amp/autocast_mode.py", "torch/cuda/amp/grad_scaler.py"),
-        before=before, after=after,
-        evidence=f"{len(old)} FutureWarnings from the old calls, {len(new)} from torch.amp")
+    evidence = f"{len(old)} FutureWarnings from the old calls, {len(new)} from torch.amp"
+    return diagnosed(12, DEPRECATED_APIS, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,6 +120,18 @@ def _warmup_run(steps: int, step_scheduler_only_when_stepped: bool) -> dict[str,
             "warnings": messages}
 
 
+SCHEDULER_BEFORE_OPTIMIZER = """
+GradScaler skips a step: "lr_scheduler.step() before optimizer.step()"
+symptom: UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`, in a
+    loop that calls them in the right order
+cause: GradScaler skipped the first step(s) for an overflow, so optimizer.step() never ran; the
+    scheduler still advanced, so warm-up runs ahead of the steps taken
+fix: step the scheduler only when the optimizer stepped (the scale did not drop); or accept the
+    warning where skipped steps are few and the schedule long
+references: pytorch #44511; Lightning #21339
+"""
+
+
 def case_13_scheduler_before_optimizer(steps: int = 20) -> Case:
     """A skipped first step makes torch warn that the scheduler ran first, and shifts the schedule."""
     broken = _warmup_run(steps, step_scheduler_only_when_stepped=False)
@@ -125,21 +139,12 @@ def case_13_scheduler_before_optimizer(steps: int = 20) -> Case:
     before = {k: broken[k] for k in ("skipped_steps", "lr_of_first_taken_step", "scheduler_steps",
                                      "optimizer_steps", "warnings")}
     after = {k: fixed[k] for k in before}
-    return Case(
-        13, "GradScaler skips a step: \"lr_scheduler.step() before optimizer.step()\"",
-        symptom="UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`, "
-                "in a loop that calls them in the right order",
-        cause="GradScaler skipped the first step(s) for an overflow, so optimizer.step() never "
-              "ran; the scheduler still advanced, so warm-up runs ahead of the steps taken",
-        fix="step the scheduler only when the optimizer stepped (the scale did not drop); or "
-            "accept the warning where skipped steps are few and the schedule long",
-        references=("pytorch #44511", "Lightning #21339"),
-        before=before, after=after,
-        evidence=(f"{broken['skipped_steps']} of {steps} steps skipped; warning "
-                  f"{len(broken['warnings'])}x, first real step at lr "
-                  f"{broken['lr_of_first_taken_step']:.1e}; scheduler stepped only with the "
-                  f"optimizer: {len(fixed['warnings'])} warnings, first lr "
-                  f"{fixed['lr_of_first_taken_step']:.1e}"))
+    evidence = (f"{broken['skipped_steps']} of {steps} steps skipped; warning "
+                f"{len(broken['warnings'])}x, first real step at lr "
+                f"{broken['lr_of_first_taken_step']:.1e}; scheduler stepped only with the "
+                f"optimizer: {len(fixed['warnings'])} warnings, first lr "
+                f"{fixed['lr_of_first_taken_step']:.1e}")
+    return diagnosed(13, SCHEDULER_BEFORE_OPTIMIZER, before, after, evidence)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +186,19 @@ def _torch_autocast_checkpoint_matches() -> bool:
     return all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+CHECKPOINT_RECOMPUTE_CONTEXT = """
+Activation checkpointing recomputes without the forward's casting context
+symptom: CheckpointError: Recomputed values ... have different metadata (saved bfloat16,
+    recomputed float32), or a dtype mismatch in backward
+cause: the recompute runs in backward, after the forward's context has exited;
+    torch.utils.checkpoint replays torch.autocast's state, but not a casting context it does not
+    know (FSDP2's hooks, another library's autocast, this course's)
+fix: give checkpoint the context to recompute under: checkpoint(fn, x, use_reentrant=False,
+    context_fn=lambda: (nullcontext(), the_context()))
+references: pytorch #141896; pytorch #148831; pytorch PR #71169
+"""
+
+
 def case_17_checkpoint_recompute_context() -> Case:
     """The recompute in backward runs outside the forward's casting context: a dtype mismatch."""
     error, _ = _checkpointed_grads("checkpoint")
@@ -189,18 +207,8 @@ def case_17_checkpoint_recompute_context() -> Case:
     matches = fixed is not None and all(torch.equal(a, b) for a, b in zip(reference, fixed))
     before = {"error": error, "torch_autocast_is_replayed": _torch_autocast_checkpoint_matches()}
     after = {"error": fixed_error, "grads_bitwise_equal_no_checkpoint": matches}
-    return Case(
-        17, "Activation checkpointing recomputes without the forward's casting context",
-        symptom="CheckpointError: Recomputed values ... have different metadata (saved bfloat16, "
-                "recomputed float32), or a dtype mismatch in backward",
-        cause="the recompute runs in backward, after the forward's context has exited; "
-              "torch.utils.checkpoint replays torch.autocast's state, but not a casting context "
-              "it does not know (FSDP2's hooks, another library's autocast, this course's)",
-        fix="give checkpoint the context to recompute under: checkpoint(fn, x, "
-            "use_reentrant=False, context_fn=lambda: (nullcontext(), the_context()))",
-        references=("pytorch #141896", "pytorch #148831", "pytorch PR #71169"),
-        before=before, after=after,
-        evidence=(f"{'CheckpointError' if error else 'no error'} without context_fn; "
-                  f"with it: gradients {'bitwise equal to' if matches else 'differ from'} the run "
-                  f"without checkpointing; torch.autocast replayed: "
-                  f"{before['torch_autocast_is_replayed']}"))
+    evidence = (f"{'CheckpointError' if error else 'no error'} without context_fn; "
+                f"with it: gradients {'bitwise equal to' if matches else 'differ from'} the run "
+                f"without checkpointing; torch.autocast replayed: "
+                f"{before['torch_autocast_is_replayed']}")
+    return diagnosed(17, CHECKPOINT_RECOMPUTE_CONTEXT, before, after, evidence)
