@@ -15,7 +15,7 @@ from mpcourse.autocast import autocast as mpcourse_autocast
 from mpcourse.benchmark import synchronize
 from mpcourse.data import Batches, MarkovText
 from mpcourse.master import MasterWeightOptimizer
-from mpcourse.memory import measure_peak_memory
+from mpcourse.memory_measure import measure_peak_memory
 from mpcourse.models import GPT, next_token_loss
 from mpcourse.precision import autocast_dtype
 from mpcourse.scaling import GradScaler, StaticLossScaler
