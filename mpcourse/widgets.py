@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from mpcourse.lab_size import lab_size
 from mpcourse.precision import RUN_PRECISIONS
-from mpcourse.train import RunConfig, RunResult, StepInfo, fit_to_hardware, train
+from mpcourse.train import AUTOCASTS, RunConfig, RunResult, StepInfo, fit_to_hardware, train
 from mpcourse.views.runs import html_table, plot_curves
 
 
@@ -66,7 +66,7 @@ class ControlPanel:
         style = {"description_width": "initial"}
         self.precision = widgets.ToggleButtons(options=RUN_PRECISIONS, value=base.precision,
                                                description="Precision", style=style)
-        self.autocast = widgets.ToggleButtons(options=("torch", "mpcourse"), value=base.autocast,
+        self.autocast = widgets.ToggleButtons(options=AUTOCASTS, value=base.autocast,
                                               description="Autocast and scaler from", style=style)
         self.loss_scaling = widgets.Checkbox(value=True, description="Loss scaling (dynamic)",
                                              style=style)
