@@ -19,6 +19,16 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, **AUTOCAST_DTYPES}
 
 
+#: The short name the course prints for each floating-point dtype.
+SHORT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+               torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2", torch.float64: "fp64"}
+
+
+def short_name(dtype: torch.dtype | None) -> str:
+    """"fp32", "bf16", "fp8_e4m3", ...; torch's own name for other dtypes ("int64"); "-" for None."""
+    return "-" if dtype is None else SHORT_NAMES.get(dtype, dtype_name(dtype))
+
+
 def autocast_dtype(precision: str) -> torch.dtype:
     """The dtype autocast computes in for a 16-bit `precision` ("bf16" or "fp16")."""
     if precision not in AUTOCAST_DTYPES:

@@ -25,6 +25,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mpcourse import precision
 from mpcourse.formats import BF16, neighbours
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.scaling import GradScaler
@@ -35,19 +36,13 @@ DTYPE_COLOURS = {"fp32": "#0072B2", "tf32": "#56B4E9", "bf16": "#E69F00", "fp16"
                  "fp8_e4m3": "#009E73", "fp8_e5m2": "#CC79A7"}
 #: The colour of anything that is not a floating-point format (integer indices, no tensor).
 OTHER_COLOUR = "#999999"
-_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
-          torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
-PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-AUTOCAST_DTYPES = (None, torch.bfloat16, torch.float16)
+PARAM_DTYPES = (torch.float32, *precision.AUTOCAST_DTYPES.values())
+AUTOCAST_CHOICES = (None, *precision.AUTOCAST_DTYPES.values())
 
 
 def dtype_label(dtype: torch.dtype | str | None) -> str:
     """The short name a picture prints for `dtype` ("fp32", "bf16", ...; "int64", "-")."""
-    if isinstance(dtype, str):
-        return dtype
-    if dtype is None:
-        return "-"
-    return _NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    return dtype if isinstance(dtype, str) else precision.short_name(dtype)
 
 
 def dtype_colour(dtype: torch.dtype | str | None) -> str:
@@ -143,8 +138,8 @@ def step_dtypes(param_dtype: torch.dtype = torch.float32, autocast_dtype: torch.
     """
     if param_dtype not in PARAM_DTYPES:
         raise ValueError(f"param_dtype must be one of {PARAM_DTYPES}, got {param_dtype!r}")
-    if autocast_dtype not in AUTOCAST_DTYPES:
-        raise ValueError(f"autocast_dtype must be one of {AUTOCAST_DTYPES}, got {autocast_dtype!r}")
+    if autocast_dtype not in AUTOCAST_CHOICES:
+        raise ValueError(f"autocast_dtype must be one of {AUTOCAST_CHOICES}, got {autocast_dtype!r}")
     generator = torch.Generator().manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(param_dtype)
     masters = param_dtype != torch.float32
