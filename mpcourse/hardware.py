@@ -15,8 +15,7 @@ from functools import lru_cache
 import torch
 
 from mpcourse.course import LESSONS, Lesson
-
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-PROBE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PROBE_DTYPES = {"fp32": torch.float32, **AUTOCAST_DTYPES}
 #: A 16-bit precision counts as fast when its probe matmul runs at least this many times as
 #: fast as fp32. Measured ratios are far from it on both sides: 2 to 3x where bf16 has
 #: instructions, 0.01 to 0.03x where it is emulated.
@@ -223,8 +222,8 @@ def predict_autocast_speed(report: HardwareReport, dtype: str = "bf16") -> Speed
     AVX512-BF16/AMX (or AVX512-FP16) on a CPU. Elsewhere each 16-bit value is converted to FP32
     and back around every operation, which costs more than doing the whole thing in FP32.
     """
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype must be 'bf16' or 'fp16', got {dtype!r}")
+    if dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(AUTOCAST_DTYPES)}, got {dtype!r}")
     support = report.precisions[dtype]
     if support.accelerated:
         reason = f"{dtype} is accelerated here ({support.how}): expect autocast to be faster"

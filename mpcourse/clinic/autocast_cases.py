@@ -16,6 +16,7 @@ from mpcourse import hardware
 from mpcourse.autocast import autocast as mpcourse_autocast
 from mpcourse.benchmark import compare
 from mpcourse.clinic.case import Case, diagnosed, regression_data, seeded, tiny_mlp
+from mpcourse.precision import autocast_dtype
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def case_08_cpu_autocast_slowdown(size: int = 256, dtype: str = "bf16", repeats:
     report = report or hardware.report()
     prediction = hardware.predict_autocast_speed(report, dtype)
     device = "cuda" if report.device_type == "cuda" else "cpu"
-    low = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    low = autocast_dtype(dtype)
     with seeded(8):
         layer = nn.Linear(size, size).to(device)
         x = torch.randn(size, size, device=device)
