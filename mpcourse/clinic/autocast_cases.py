@@ -37,10 +37,10 @@ def _threads(count: int | None):
 CPU_AUTOCAST_SLOWDOWN = """
 {dtype} autocast slower than FP32 on a CPU without 16-bit instructions
 symptom: the step is many times slower with autocast than without, on a CPU
-cause: without AVX512-BF16/AMX (bf16) or AVX512-FP16 (fp16), the CPU converts every 16-bit value
-    to FP32 and back around each operation
+cause: without 16-bit instructions (AVX512-BF16/AMX or ARM's BF16 for bf16; AVX512-FP16 or ARM's
+    FP16 for fp16), the CPU converts every 16-bit value to FP32 and back around each operation
 fix: check mpcourse doctor first; on such a CPU train in FP32 and keep 16 bits for the GPU
-    (tensor cores) or a CPU with AVX512-BF16/AMX, where 16-bit matmuls are faster
+    (tensor cores) or a CPU that has them, where 16-bit matmuls are faster
 references: pytorch #118499; pytorch #86270
 """
 
