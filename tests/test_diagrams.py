@@ -11,6 +11,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mpcourse  # noqa: E402
+from mpcourse.distributed import wire_bytes, wire_bytes_of_payload  # noqa: E402
 from mpcourse.views import dataflow_diagrams as flows  # noqa: E402
 from mpcourse.views import diagrams  # noqa: E402
 
@@ -157,31 +158,35 @@ def test_fp8_dataflow_states_the_formats_limits():
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_wire_bytes_match_the_ring_formulas(world_size):
     n, w = 1024 * 8, world_size
-    assert flows.wire_bytes("ddp", n, w) == {"all_reduce": 2 * (w - 1) / w * n * 4}
-    assert flows.wire_bytes("fsdp2", n, w, torch.bfloat16, torch.float32) == {
+    assert wire_bytes("ddp", n, w) == {"all_reduce": 2 * (w - 1) / w * n * 4}
+    assert wire_bytes("fsdp2", n, w, torch.bfloat16, torch.float32) == {
         "all_gather_forward": (w - 1) / w * n * 2, "all_gather_backward": (w - 1) / w * n * 2,
         "reduce_scatter": (w - 1) / w * n * 4}
-    kept = flows.wire_bytes("fsdp2", n, w, torch.bfloat16, torch.bfloat16,
+    kept = wire_bytes("fsdp2", n, w, torch.bfloat16, torch.bfloat16,
                             reshard_after_forward=False)
     assert kept["all_gather_backward"] == 0 and kept["reduce_scatter"] == (w - 1) / w * n * 2
+    # DDP under a 16-bit compress hook all-reduces in 16 bits: half the FP32 bytes
+    assert wire_bytes("ddp", n, w, reduce_dtype=torch.bfloat16) == {"all_reduce": 2 * (w - 1) / w * n * 2}
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_fsdp2_with_bf16_params_sends_what_ddp_sends_unless_it_keeps_them(world_size):
     # (W-1)/W * N * (2 + 2 + 4) bytes against 2 (W-1)/W * N * 4: equal at every world size
-    ddp = flows.wire_bytes("ddp", 4096, world_size)["all_reduce"]
-    assert sum(flows.wire_bytes("fsdp2", 4096, world_size).values()) == ddp
-    kept = flows.wire_bytes("fsdp2", 4096, world_size, reshard_after_forward=False)
+    ddp = wire_bytes("ddp", 4096, world_size)["all_reduce"]
+    assert sum(wire_bytes("fsdp2", 4096, world_size).values()) == ddp
+    kept = wire_bytes("fsdp2", 4096, world_size, reshard_after_forward=False)
     assert sum(kept.values()) == ddp * 3 // 4
 
 
 def test_wire_bytes_rejects_bad_arguments():
     with pytest.raises(ValueError, match="strategy 'zero3'"):
-        flows.wire_bytes("zero3", 10, 2)
+        wire_bytes("zero3", 10, 2)
     with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
-        flows.wire_bytes("ddp", 10, 0)
+        wire_bytes("ddp", 10, 0)
     with pytest.raises(ValueError, match="collective 'broadcast'"):
-        flows.wire_bytes_of_payload("broadcast", 10, 2)
+        wire_bytes_of_payload("broadcast", 10, 2)
+    with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
+        wire_bytes_of_payload("all_reduce", 10, 0)
 
 
 @pytest.fixture
@@ -208,12 +213,12 @@ def test_wire_bytes_agree_with_what_real_fsdp2_hands_to_collectives(fake_process
     counter = CollectiveCounter()
     with counter:
         model(torch.randn(2, 8, 32)).float().sum().backward()
-    per_block = flows.wire_bytes("fsdp2", sum(p.numel() for p in Block(config).parameters()),
-                                 fake_process_group)
+    per_block = wire_bytes("fsdp2", sum(p.numel() for p in Block(config).parameters()),
+                           fake_process_group)
     w = fake_process_group
-    assert flows.wire_bytes_of_payload("all_gather", counter.bytes["all_gather"], w) == \
+    assert wire_bytes_of_payload("all_gather", counter.bytes["all_gather"], w) == \
         2 * (per_block["all_gather_forward"] + per_block["all_gather_backward"])
-    assert flows.wire_bytes_of_payload("reduce_scatter", counter.bytes["reduce_scatter"], w) == \
+    assert wire_bytes_of_payload("reduce_scatter", counter.bytes["reduce_scatter"], w) == \
         2 * per_block["reduce_scatter"]
 
 
@@ -227,7 +232,18 @@ def test_collective_timeline_labels_carry_the_wire_bytes():
     assert sum(1 for p in bottom.patches if p.get_gid() == "all_reduce") == 3
     from mpcourse.models import Block, GPTConfig
     n = sum(p.numel() for p in Block(GPTConfig()).parameters())
-    total = 3 * sum(flows.wire_bytes("fsdp2", n, 4).values())
+    total = 3 * sum(wire_bytes("fsdp2", n, 4).values())
     assert f"{total / 1e3:.0f} kB" in top.get_title()
     kept = flows.collective_timeline(world_size=4, num_blocks=3, reshard_after_forward=False)
     assert sum(1 for p in kept.axes[0].patches if p.get_gid() == "all_gather_backward") == 0
+
+
+def test_collective_timeline_draws_the_blocks_of_the_model_it_is_given():
+    from mpcourse.models import Block, GPTConfig
+    config = GPTConfig(d_model=32, n_heads=2, n_layers=3)
+    top, bottom = flows.collective_timeline(world_size=2, model_config=config).axes
+    assert sum(1 for p in top.patches if p.get_gid() == "reduce_scatter") == config.n_layers
+    n = sum(p.numel() for p in Block(config).parameters())
+    assert f"{3 * sum(wire_bytes('fsdp2', n, 2).values()) / 1e3:.0f} kB" in top.get_title()
+    with pytest.raises(ValueError, match="num_blocks must be a positive integer, got 0"):
+        flows.collective_timeline(num_blocks=0)

@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from mpcourse.distributed import (DistributedRun, DistributedRunConfig, check_nproc, compress_hook, launch,
-                                  memory_per_rank, run_for_precision, sharding_policy, simulated_reduce, torchrun_command)
+from mpcourse.distributed import (DistributedRun, DistributedRunConfig, check_nproc, collective_results,
+                                  compress_hook, launch, memory_per_rank, run_for_precision, sharding_policy,
+                                  simulated_reduce, torchrun_command, wire_bytes)
 from mpcourse.models import GPT
 from mpcourse.train import RunConfig, train
-from mpcourse.views.distributed import format_results
+from mpcourse.views.distributed import (collectives_picture, format_results, plot_wire_bytes,
+                                        wire_bytes_per_step)
 
 CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=8, steps=10,
                    vocab_size=64, lr=1e-2, device="cpu", loss_scaling="off", grad_clip=None)
@@ -106,6 +108,55 @@ def test_memory_model_matches_what_the_ranks_measured(results, num_parameters):
         memory_per_rank("fsdp2", 10, 0)
     with pytest.raises(ValueError, match="unsupported param_dtype"):
         memory_per_rank("fsdp2", 10, 2, param_dtype=torch.int8)
+
+
+def test_wire_bytes_measured_are_the_ring_formulas(results, num_parameters):
+    """What the real runs handed to their collectives, turned into bytes on the wire, is what
+    `wire_bytes` predicts: DDP all-reduces every gradient (in 16 bits under a hook); FSDP2
+    gathers each block twice (resharded after forward) but the root unit once (FSDP2 keeps the
+    root's parameters after forward), and reduce-scatters every gradient once."""
+    assert wire_bytes_per_step(results["ddp"]) == wire_bytes("ddp", num_parameters, 2)
+    for name in ("ddp_fp16", "ddp_bf16"):
+        assert wire_bytes_per_step(results[name]) == wire_bytes("ddp", num_parameters, 2,
+                                                                reduce_dtype=torch.bfloat16)
+    model = GPT(CONFIG.model_config())
+    block = sum(p.numel() for p in model.blocks[0].parameters())
+    root = num_parameters - CONFIG.n_layers * block
+    blocks = wire_bytes("fsdp2", block, 2)
+    kept = wire_bytes("fsdp2", root, 2, reshard_after_forward=False)
+    measured = wire_bytes_per_step(results["fsdp2"])
+    assert measured["all_gather"] == CONFIG.n_layers * (blocks["all_gather_forward"] + blocks["all_gather_backward"]) \
+        + kept["all_gather_forward"] + kept["all_gather_backward"]
+    assert measured["reduce_scatter"] == CONFIG.n_layers * blocks["reduce_scatter"] + kept["reduce_scatter"]
+    # per resharded unit FSDP2 sends what DDP sends; the root, kept after forward, 3/4 of it
+    assert sum(blocks.values()) == wire_bytes("ddp", block, 2)["all_reduce"]
+    assert 4 * sum(kept.values()) == 3 * wire_bytes("ddp", root, 2)["all_reduce"]
+
+
+def test_plot_wire_bytes_stacks_each_runs_collectives(results):
+    fig = plot_wire_bytes(results)
+    bars = {kind: [p.get_height() for p in fig.axes[0].patches if p.get_gid() == kind]
+            for kind in ("all_reduce", "all_gather", "reduce_scatter")}
+    for i, result in enumerate(results.values()):
+        for kind, heights in bars.items():
+            assert heights[i] == pytest.approx(wire_bytes_per_step(result).get(kind, 0) / 1e3)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_collective_results_are_what_each_collective_computes(world_size):
+    inputs = [torch.arange(8.0) * 10 ** r for r in range(world_size)]
+    got = collective_results(inputs)
+    total = torch.stack(inputs).sum(0)
+    assert all(torch.equal(t, total) for t in got["all_reduce"])
+    assert all(torch.equal(t, torch.cat(inputs)) for t in got["all_gather"])
+    assert all(torch.equal(t, part) for t, part in zip(got["reduce_scatter"], total.chunk(world_size)))
+    fig = collectives_picture(inputs, got)
+    shown = [t.get_text() for t in fig.axes[0].texts]
+    assert shown.count(f"{total[0].item():g}") >= world_size + 1   # every all-reduce row, reduce-scatter rank 0
+    with pytest.raises(ValueError, match="length divisible by the 3 ranks"):
+        collective_results([torch.ones(4)] * 3)
+    with pytest.raises(ValueError, match="two or more 1-D tensors"):
+        collective_results([torch.ones(4)])
 
 
 def test_simulated_reduce_is_the_hooks_arithmetic():

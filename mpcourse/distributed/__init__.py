@@ -5,7 +5,8 @@
   `MixedPrecisionPolicy`) and `DistributedRunConfig`, the variant that plugs a strategy into
   the one training loop of `mpcourse.train`;
 - `collectives`: `CollectiveCounter`, the bytes a rank hands to each collective;
-- `costs`: memory per rank and a simulated 16-bit reduction, computed without launching;
+- `costs`: what each collective leaves on each rank (gloo on threads), memory per rank, the
+  bytes each rank sends per step, and a simulated 16-bit reduction, without launching;
 - `launch`: `launch(runs, config, nproc)` starts `nproc` local processes through torchrun,
   and brings back each run's losses, bytes per collective and memory per rank;
 - `worker`: what each of those processes runs.
@@ -15,14 +16,16 @@ distributed run computes what `mpcourse.train.train` computes in one process on 
 batch, up to rounding.
 """
 from mpcourse.distributed.collectives import CollectiveCounter
-from mpcourse.distributed.costs import RankMemory, memory_per_rank, simulated_reduce
+from mpcourse.distributed.costs import (COLLECTIVES, RankMemory, collective_results, memory_per_rank,
+                                       simulated_reduce, wire_bytes, wire_bytes_of_payload)
 from mpcourse.distributed.launch import DistributedResult, check_nproc, launch, torchrun_command
 from mpcourse.distributed.strategies import (COMPRESSIONS, POLICY_DTYPES, STRATEGIES, DistributedRun,
                                              DistributedRunConfig, compress_hook, run_for_precision,
                                              sharding_policy)
 
 __all__ = [
-    "CollectiveCounter", "RankMemory", "memory_per_rank", "simulated_reduce", "DistributedResult",
+    "CollectiveCounter", "COLLECTIVES", "RankMemory", "collective_results", "memory_per_rank",
+    "simulated_reduce", "wire_bytes", "wire_bytes_of_payload", "DistributedResult",
     "check_nproc", "launch", "torchrun_command", "COMPRESSIONS", "POLICY_DTYPES", "STRATEGIES",
     "DistributedRun", "DistributedRunConfig", "compress_hook", "run_for_precision",
     "sharding_policy",

@@ -1,6 +1,16 @@
-"""What sharding and 16-bit reductions cost, computed without launching anything (lesson 08)."""
+"""What collectives compute and what sharding and 16-bit reductions cost, without launching
+any process (lesson 08).
+
+- `collective_results`: what all-reduce, all-gather and reduce-scatter leave on each rank,
+  computed by gloo itself on ranks that are threads of this process;
+- `memory_per_rank`: the bytes each rank holds under DDP or FSDP2;
+- `wire_bytes`, `wire_bytes_of_payload`: the bytes each rank sends per step, in a ring;
+- `simulated_reduce`: a 16-bit reduction's arithmetic, to see its error grow with the ranks.
+"""
 from __future__ import annotations
 
+import datetime
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +59,98 @@ def memory_per_rank(strategy: str, num_parameters: int, world_size: int, largest
     shard = -(-num_parameters // world_size)    # ceil: FSDP2 pads the last shard
     return RankMemory(4 * shard, 4 * shard, 8 * shard, largest_unit * param_dtype.itemsize,
                       largest_unit * reduce_dtype.itemsize)
+
+
+def wire_bytes(strategy: str, num_parameters: int, world_size: int,
+               param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
+               reshard_after_forward: bool = True) -> dict[str, int]:
+    """Bytes one rank sends per training step in each collective, with ring algorithms.
+
+    DDP all-reduces the gradients in `reduce_dtype` (FP32, or 16 bits under a compress hook;
+    `param_dtype` does not apply): a ring all-reduce sends 2·(W−1)/W of the buffer per rank,
+    (W−1)/W as the sums go round and as much again as the results do. FSDP2 all-gathers a
+    unit's parameters in `param_dtype` before its forward and, if the unit was resharded after
+    the forward, again before its backward, each time sending (W−1)/W of the gathered bytes; it
+    reduce-scatters the gradients in `reduce_dtype`, (W−1)/W of them. Buffers are split into
+    ceil(N/W) elements per rank; FSDP2 pads each parameter's first dimension to a multiple of
+    W instead, which adds a little when a first dimension does not divide by W.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    for name, value in (("num_parameters", num_parameters), ("world_size", world_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
+    shard = -(-num_parameters // world_size)
+    if strategy == "ddp":
+        return {"all_reduce": 2 * (world_size - 1) * shard * reduce_dtype.itemsize}
+    gather = (world_size - 1) * shard * param_dtype.itemsize
+    return {"all_gather_forward": gather,
+            "all_gather_backward": gather if reshard_after_forward else 0,
+            "reduce_scatter": (world_size - 1) * shard * reduce_dtype.itemsize}
+
+
+def wire_bytes_of_payload(collective: str, payload: int, world_size: int) -> int:
+    """The bytes a rank sends for a collective in a ring, from the payload `CollectiveCounter`
+    counts: the whole buffer for an all-reduce or a reduce-scatter (2·(W−1)/W and (W−1)/W of
+    it go out), the rank's own shard for an all-gather (sent on W−1 times)."""
+    factors = {"all_reduce": (2 * (world_size - 1), world_size),
+               "reduce_scatter": (world_size - 1, world_size), "all_gather": (world_size - 1, 1)}
+    if collective not in factors:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(factors)}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    numerator, denominator = factors[collective]
+    return payload * numerator // denominator
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def collective_results(inputs: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """What each collective leaves on each rank when rank r contributes `inputs[r]`.
+
+    The collectives are gloo's own: one gloo process group member per rank, each a thread of
+    this process, sharing an in-memory store. All-reduce (sum) leaves the sum on every rank;
+    all-gather leaves every rank's input, concatenated, on every rank; reduce-scatter leaves
+    rank r the r-th of W equal slices of the sum.
+    """
+    world_size = len(inputs)
+    if world_size < 2 or any(not isinstance(t, torch.Tensor) or t.dim() != 1 for t in inputs):
+        raise ValueError("inputs must be two or more 1-D tensors, one per rank")
+    if len({(t.numel(), t.dtype) for t in inputs}) != 1 or inputs[0].numel() % world_size:
+        raise ValueError(f"every rank's input must have the same dtype and a length divisible by "
+                         f"the {world_size} ranks, got lengths {[t.numel() for t in inputs]}")
+    store = torch.distributed.HashStore()
+    results = {name: [None] * world_size for name in COLLECTIVES}
+    errors = []
+
+    def rank(r: int) -> None:
+        try:
+            group = torch.distributed.ProcessGroupGloo(store, r, world_size,
+                                                       datetime.timedelta(seconds=30))
+            x = inputs[r].clone()
+            summed = x.clone()
+            group.allreduce([summed]).wait()
+            gathered = x.new_empty(world_size * x.numel())
+            group._allgather_base(gathered, x).wait()
+            scattered = x.new_empty(x.numel() // world_size)
+            group._reduce_scatter_base(scattered, x).wait()
+            for name, value in zip(COLLECTIVES, (summed, gathered, scattered)):
+                results[name][r] = value
+        except Exception as error:  # re-raised in the caller's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def simulated_reduce(gradients: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

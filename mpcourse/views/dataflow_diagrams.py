@@ -5,7 +5,8 @@
 - `fp8_linear_dataflow`: the FP8 linear of `mpcourse.fp8`: amax, scale, quantize, matmul,
   dequantize, with the formats' limits and where current and delayed scaling keep the scales.
 - `collective_timeline`: FSDP2's all-gathers and reduce-scatters per block against DDP's
-  all-reduce, annotated with the bytes each rank puts on the wire (`wire_bytes`).
+  all-reduce, annotated with the bytes each rank puts on the wire
+  (`mpcourse.distributed.wire_bytes`).
 
 Colours are `mpcourse.views.diagrams.DTYPE_COLOURS`, the same as in every other picture.
 """
@@ -17,13 +18,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from mpcourse.autocast import Trace
+from mpcourse.distributed.costs import wire_bytes
 from mpcourse.formats import FP8_E4M3, FP8_E5M2
 from mpcourse.fp8 import Fp8Linear
 from mpcourse.models import Block, GPTConfig
 from mpcourse.views.diagrams import (DTYPE_COLOURS, arrow, blank_axes, box, dtype_colour,
                                      dtype_label, dtype_legend)
 
-STRATEGIES = ("ddp", "fsdp2")
 _CATEGORY_LABELS = {"lower_precision": "lower_precision", "fp32": "fp32 list",
                     "promote": "promote", None: "no entry"}
 
@@ -123,57 +124,24 @@ def fp8_linear_dataflow() -> Figure:
 
 # ---------------------------------------------------------------- 5. FSDP2 and DDP collectives
 
-def wire_bytes(strategy: str, num_parameters: int, world_size: int,
-               param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
-               reshard_after_forward: bool = True) -> dict[str, int]:
-    """Bytes one rank sends per training step in each collective, in a ring.
-
-    DDP all-reduces the FP32 gradients: a ring all-reduce sends 2·(W−1)/W of the buffer per
-    rank. FSDP2 all-gathers the parameters in `param_dtype` before the forward and, if it
-    resharded after the forward, again before the backward, each sending (W−1)/W of the
-    gathered bytes; it reduce-scatters the gradients in `reduce_dtype`, (W−1)/W of them. The
-    shards are padded to ceil(N/W) elements, as FSDP2 does.
-    """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    for name, value in (("num_parameters", num_parameters), ("world_size", world_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
-    shard = -(-num_parameters // world_size)
-    if strategy == "ddp":
-        return {"all_reduce": 2 * (world_size - 1) * shard * 4}
-    gather = (world_size - 1) * shard * param_dtype.itemsize
-    return {"all_gather_forward": gather,
-            "all_gather_backward": gather if reshard_after_forward else 0,
-            "reduce_scatter": (world_size - 1) * shard * reduce_dtype.itemsize}
-
-
-def wire_bytes_of_payload(collective: str, payload: int, world_size: int) -> int:
-    """The bytes a rank sends for a collective, from the payload `CollectiveCounter` counts
-    (the whole buffer for an all-reduce or a reduce-scatter, the rank's shard for an all-gather)."""
-    factors = {"all_reduce": (2 * (world_size - 1), world_size),
-               "reduce_scatter": (world_size - 1, world_size), "all_gather": (world_size - 1, 1)}
-    if collective not in factors:
-        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(factors)}")
-    numerator, denominator = factors[collective]
-    return payload * numerator // denominator
-
-
 def _kb(n: int) -> str:
     return f"{n / 1e3:.0f} kB" if n >= 1e4 else f"{n / 1e3:.1f} kB"
 
 
-def collective_timeline(world_size: int = 2, num_blocks: int = 4,
+def collective_timeline(world_size: int = 2, num_blocks: int | None = None,
                         param_dtype: torch.dtype = torch.bfloat16,
                         reduce_dtype: torch.dtype = torch.float32,
-                        reshard_after_forward: bool = True) -> Figure:
-    """One step of `num_blocks` transformer blocks (`mpcourse.models.Block` of the default
-    `GPTConfig`) under FSDP2 and under DDP: compute above, each rank's collectives below,
-    labelled with the bytes each rank sends (`wire_bytes`)."""
-    per_block = sum(p.numel() for p in Block(GPTConfig()).parameters())
+                        reshard_after_forward: bool = True,
+                        model_config: GPTConfig | None = None) -> Figure:
+    """One step of the transformer blocks of `model_config` (default: `GPTConfig()`;
+    `num_blocks` of them, default its `n_layers`) under FSDP2 and under DDP: compute above,
+    each rank's collectives below, labelled with the bytes each rank sends (`wire_bytes`).
+    Only the blocks are drawn: the embeddings and final norm around them form one more unit."""
+    model_config = model_config or GPTConfig()
+    num_blocks = model_config.n_layers if num_blocks is None else num_blocks
+    if not isinstance(num_blocks, int) or num_blocks < 1:
+        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+    per_block = sum(p.numel() for p in Block(model_config).parameters())
     fsdp = wire_bytes("fsdp2", per_block, world_size, param_dtype, reduce_dtype,
                       reshard_after_forward)
     ddp = wire_bytes("ddp", per_block, world_size)
@@ -207,9 +175,10 @@ def collective_timeline(world_size: int = 2, num_blocks: int = 4,
     fsdp_total, ddp_total = n * sum(fsdp.values()), n * ddp["all_reduce"]
     reshard = "resharded after forward" if reshard_after_forward else "kept after forward"
     top.set_title(f"FSDP2 (param_dtype={dtype_label(param_dtype)}, reduce_dtype="
-                  f"{dtype_label(reduce_dtype)}, {reshard}): {_kb(fsdp_total)} sent per rank",
+                  f"{dtype_label(reduce_dtype)}, {reshard}): {_kb(fsdp_total)} sent per rank "
+                  f"for {n} blocks",
                   fontsize=11, gid="fsdp_total")
-    bottom.set_title(f"DDP (FP32 gradient buckets): {_kb(ddp_total)} sent per rank",
+    bottom.set_title(f"DDP (FP32 gradient buckets): {_kb(ddp_total)} sent per rank for {n} blocks",
                      fontsize=11, gid="ddp_total")
     for ax, lanes in ((top, ("reduce-scatter", "all-gather", "compute")),
                       (bottom, ("all-reduce", "compute"))):

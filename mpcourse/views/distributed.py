@@ -1,10 +1,24 @@
-"""Multi-process runs side by side: losses, bytes communicated and memory per rank (lesson 08)."""
+"""Multi-process runs side by side (lesson 08): the results table, what each collective leaves on
+each rank, and the bytes each run puts on the wire."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from mpcourse.distributed.costs import COLLECTIVES, wire_bytes_of_payload
+from mpcourse.views.diagrams import blank_axes
+
 if TYPE_CHECKING:
     from mpcourse.distributed import DistributedResult
+
+#: A tint per rank, for where each value came from (not a dtype: the dtype colours stay free).
+RANK_TINTS = ("#c7e9c0", "#fdd0a2", "#dadaeb", "#f2c4d6")
+SUM_TINT = "#ffffff"
+COLLECTIVE_COLOURS = {"all_reduce": "#0072B2", "all_gather": "#E69F00", "reduce_scatter": "#009E73"}
 
 
 def format_results(results: list[DistributedResult]) -> str:
@@ -17,3 +31,67 @@ def format_results(results: list[DistributedResult]) -> str:
         lines.append(f"{r.run.label:36}{r.world_size:>6}{r.losses[-1]:>11.4f}{r.gradient_bytes_per_step:>16,}"
                      f"{other:>13,}{max(r.param_bytes):>14,}{max(r.grad_bytes):>13,}")
     return "\n".join(lines)
+
+
+def collectives_picture(inputs: list[torch.Tensor], results: dict[str, list[torch.Tensor]]) -> Figure:
+    """What each rank holds before and after each collective (`collective_results`): one row
+    per rank, one column per collective, one box per element, tinted by the rank it came from
+    (white: a sum over all ranks)."""
+    world, width = len(inputs), inputs[0].numel()
+    if set(results) != set(COLLECTIVES) or any(len(v) != world for v in results.values()):
+        raise ValueError(f"results must map each of {', '.join(COLLECTIVES)} to one tensor per "
+                         f"rank, as collective_results returns")
+    columns = [("before: each rank's input", [[(v, r) for v in t.tolist()] for r, t in enumerate(inputs)])]
+    columns.append(("all-reduce (sum)", [[(v, None) for v in t.tolist()] for t in results["all_reduce"]]))
+    columns.append(("all-gather", [[(v, i // width) for i, v in enumerate(t.tolist())]
+                                   for t in results["all_gather"]]))
+    columns.append(("reduce-scatter (sum)", [[(v, None) for v in t.tolist()]
+                                             for t in results["reduce_scatter"]]))
+    sizes = [max(len(cells) for cells in rows) for _, rows in columns]
+    gap = 1.2
+    fig, ax = plt.subplots(figsize=(0.42 * (sum(sizes) + gap * len(sizes)) + 1.2, 0.75 * world + 0.6))
+    blank_axes(ax, sum(sizes) + gap * len(sizes) + 1.0, world + 0.6)
+    ax.invert_yaxis()
+    x0 = 1.0
+    for (title, rows), size in zip(columns, sizes):
+        ax.text(x0 + size / 2, 0.35, title, ha="center", va="center", fontsize=9, fontweight="bold")
+        for r, cells in enumerate(rows):
+            for i, (value, source) in enumerate(cells):
+                tint = SUM_TINT if source is None else RANK_TINTS[source % len(RANK_TINTS)]
+                ax.add_patch(Rectangle((x0 + i, r + 0.6), 0.95, 0.8, facecolor=tint,
+                                       edgecolor="#555555", linewidth=0.8))
+                ax.text(x0 + i + 0.475, r + 1.0, f"{value:g}", ha="center", va="center", fontsize=8)
+        x0 += size + gap
+    for r in range(world):
+        ax.text(0.9, r + 1.0, f"rank {r}", ha="right", va="center", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def wire_bytes_per_step(result: DistributedResult) -> dict[str, int]:
+    """The bytes one rank of `result` sent per step in each collective, in a ring, from the
+    payloads `CollectiveCounter` measured."""
+    return {kind: wire_bytes_of_payload(kind, payload, result.world_size)
+            for kind, payload in result.bytes_per_step.items()}
+
+
+def plot_wire_bytes(results: dict[str, DistributedResult]) -> Figure:
+    """Stacked bars: kB each rank sent per step in each collective, one bar per run."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = list(results)
+    bottom = [0.0] * len(names)
+    for kind in COLLECTIVES:
+        values = [wire_bytes_per_step(results[n]).get(kind, 0) / 1e3 for n in names]
+        ax.bar(names, values, bottom=bottom, label=kind.replace("_", "-"),
+               color=COLLECTIVE_COLOURS[kind], gid=kind)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=9)
+    worlds = sorted({r.world_size for r in results.values()})
+    ax.set_ylabel("kB sent per step, per rank")
+    ax.set_title(f"Bytes on the wire per step (ring algorithms, {', '.join(map(str, worlds))} ranks)")
+    ax.tick_params(axis="x", labelrotation=15)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend()
+    fig.tight_layout()
+    return fig
