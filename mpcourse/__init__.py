@@ -2,8 +2,9 @@
 
 Modules follow the lessons:
 
-- 01 `formats` (the formats), `rounding` (rounding to them, bit by bit), `bits_explorer`;
-- 02 `memory`;
+- 01 `formats` (the formats), `rounding` (rounding to them, bit by bit), `inspect_value` (one
+  value taken apart), `bits_explorer`;
+- 02 `memory` (the accounting), `memory_measure` (measured on the running process);
 - 03 `autocast`, with its op tables in `autocast_policy`;
 - 04 `master`;
 - 05 `scaling`, with the experiments lesson 09 repeats in `scaling_experiments`;
@@ -20,9 +21,10 @@ map) and `grading` (exercises, `check()` and the sandboxed grader).
 """
 __version__ = "0.1.0"
 from mpcourse import benchmark, course, hardware
-from mpcourse.autocast import AutocastPolicy, autocast, explain, policy_for
+from mpcourse.autocast import AutocastPolicy, autocast, explain_op, policy_for
 from mpcourse.formats import (BF16, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E4M3FNUZ, FP8_E5M2,
                               FP8_E5M2FNUZ, FP8_E8M0, FP16, FP32, TF32, FloatFormat, round_to)
+from mpcourse.inspect_value import explain_value
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.memory import MemoryBreakdown, training_memory, transformer_memory
 from mpcourse.scaling import GradScaler, StaticLossScaler
@@ -30,9 +32,10 @@ from mpcourse.train import RunConfig, RunResult
 
 __all__ = [
     "benchmark", "course", "hardware",
-    "AutocastPolicy", "autocast", "explain", "policy_for",
+    "AutocastPolicy", "autocast", "explain_op", "policy_for",
     "BF16", "FP4_E2M1", "FP6_E2M3", "FP6_E3M2", "FP8_E4M3", "FP8_E4M3FNUZ", "FP8_E5M2",
     "FP8_E5M2FNUZ", "FP8_E8M0", "FP16", "FP32", "TF32", "FloatFormat", "round_to",
+    "explain_value",
     "MasterWeightOptimizer",
     "MemoryBreakdown", "training_memory", "transformer_memory",
     "GradScaler", "StaticLossScaler",

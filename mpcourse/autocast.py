@@ -35,13 +35,15 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from mpcourse.autocast_policy import (CATEGORIES, CHECKS_DTYPES_FIRST, FP32, LOWER_PRECISION,
-                                      PROMOTE, RUNS_AS, AutocastPolicy, Explanation,
-                                      dispatched_as, explain, policy_for, registered_ops, _short)
+from mpcourse.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
+                                      CATEGORY_PROMOTE, CHECKS_DTYPES_FIRST, RUNS_AS,
+                                      AutocastPolicy, OpExplanation, dispatched_as, explain_op,
+                                      policy_for, registered_ops, _short)
 
 __all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "policy_for",
-           "registered_ops", "explain", "dispatched_as", "AutocastPolicy", "Explanation",
-           "CATEGORIES", "LOWER_PRECISION", "FP32", "PROMOTE", "RUNS_AS"]
+           "registered_ops", "explain_op", "dispatched_as", "AutocastPolicy", "OpExplanation",
+           "CATEGORIES", "CATEGORY_LOWER_PRECISION", "CATEGORY_FP32", "CATEGORY_PROMOTE",
+           "RUNS_AS"]
 
 _TENSOR_DUNDERS = {"__matmul__": "matmul"}
 
@@ -294,7 +296,8 @@ class _PolicyMode(TorchFunctionMode):
         input_dtypes = tuple(t.dtype for t in inputs)
         casts: list[Cast] = []
         if category is not None and "out" not in kwargs:  # out= variants are not autocast
-            target = {LOWER_PRECISION: region.dtype, FP32: torch.float32}.get(category)
+            target = {CATEGORY_LOWER_PRECISION: region.dtype,
+                      CATEGORY_FP32: torch.float32}.get(category)
             if target is None:
                 target = _promote_dtype(inputs, region)
             args = tuple(_cast_all(a, target, region, casts) for a in args)

@@ -8,7 +8,7 @@ between devices, and the installed torch registers them as dispatcher kernels un
 `AutocastCPU` and `AutocastCUDA`.
 
 This module writes those tables out (`policy_for`), checks them against the dispatcher
-(`registered_ops`), explains one op's entry (`explain`), and says which listed op a call that has
+(`registered_ops`), explains one op's entry (`explain_op`), and says which listed op a call that has
 no entry of its own turns into inside torch's C++ (`dispatched_as`): the table applies to that.
 `mpcourse.autocast` applies the policy.
 """
@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-LOWER_PRECISION = "lower_precision"
-FP32 = "fp32"
-PROMOTE = "promote"
-CATEGORIES = (LOWER_PRECISION, FP32, PROMOTE)
+# The three categories of torch's autocast tables (the names torch's CastPolicy gives them).
+CATEGORY_LOWER_PRECISION = "lower_precision"
+CATEGORY_FP32 = "fp32"
+CATEGORY_PROMOTE = "promote"
+CATEGORIES = (CATEGORY_LOWER_PRECISION, CATEGORY_FP32, CATEGORY_PROMOTE)
 DEVICE_TYPES = ("cpu", "cuda")
 DISPATCH_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 
@@ -30,12 +31,12 @@ DISPATCH_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 # AT_FORALL_* lists of aten/src/ATen/autocast_mode.h (CUDA). Names are aten schema names with
 # their overload. tests/test_autocast.py keeps them equal to the installed torch's registrations.
 _CPU = {
-    LOWER_PRECISION: """
+    CATEGORY_LOWER_PRECISION: """
         conv1d conv1d.padding conv2d conv2d.padding conv3d conv3d.padding bmm mm linalg_vecdot
         baddbmm addmm _addmm_activation addbmm linear _convolution.deprecated matmul conv_tbc
         mkldnn_rnn_layer conv_transpose1d conv_transpose2d.input conv_transpose3d.input prelu
         scaled_dot_product_attention _native_multi_head_attention""",
-    FP32: """
+    CATEGORY_FP32: """
         avg_pool3d binary_cross_entropy grid_sampler polar prod prod.dim_int quantile
         quantile.scalar nanquantile nanquantile.scalar stft stft.center cdist grid_sampler_2d
         _grid_sampler_2d_cpu_fallback grid_sampler_3d trace view_as_complex cholesky
@@ -55,17 +56,17 @@ _CPU = {
         fractional_max_pool2d fractional_max_pool3d adaptive_max_pool3d
         multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex linalg_svd linalg_eig
         linalg_eigh linalg_lstsq linalg_inv_ex""",
-    PROMOTE: "stack cat index_copy",
+    CATEGORY_PROMOTE: "stack cat index_copy",
 }
 _CUDA = {
-    LOWER_PRECISION: """
+    CATEGORY_LOWER_PRECISION: """
         _convolution.deprecated _convolution conv1d conv2d conv3d conv_tbc conv_transpose1d
         conv_transpose2d.input conv_transpose3d.input convolution prelu addmm addmv addr matmul
         einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul linalg_multi_dot
         _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
         _scaled_dot_product_flash_attention scaled_dot_product_attention cudnn_convolution
         cudnn_convolution_transpose""",
-    FP32: """
+    CATEGORY_FP32: """
         acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan
         pow.Tensor_Scalar pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm
         rms_norm group_norm frobenius_norm.dim nuclear_norm nuclear_norm.dim cosine_similarity
@@ -79,7 +80,9 @@ _CUDA = {
         prod prod.dim_int softmax.int log_softmax.int cumprod cumsum linalg_vector_norm
         linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList
         norm.Scalar norm.ScalarOpt_dim""",
-    PROMOTE: "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add",
+    CATEGORY_PROMOTE: """
+        addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot
+        scatter_add""",
 }
 # On CUDA these fp32 ops get their `dtype=` argument set to float32 instead of a cast of their input
 # (same result dtype, no extra copy); norm is redispatched to its dtype-taking overload.
@@ -100,7 +103,7 @@ RUNS_AS = {
 # Of those, the ones that insist their inputs share one dtype before reaching the inner op:
 # given mixed dtypes they fail under torch.autocast too, so they are left uncast.
 CHECKS_DTYPES_FIRST = frozenset({"tensordot", "inner", "chain_matmul", "linalg_multi_dot"})
-# Conditions under which the rewrite happens, for `explain`.
+# Conditions under which the rewrite happens, for `explain_op`.
 _ONLY_WHEN = {"einsum": " when it contracts a dimension that two operands share (an einsum that "
                         "only multiplies, sums or permutes has no bmm inside)"}
 _MKLDNN_RNNS = frozenset({"lstm", "rnn_tanh", "rnn_relu"})
@@ -197,15 +200,17 @@ def _expand_ellipsis(term: list, ndim: int) -> list:
     return term[:at] + [("...", width - 1 - k) for k in range(width)] + term[at + 1:]
 
 _REASONS = {
-    LOWER_PRECISION: ("its floating-point inputs are cast to the autocast dtype ({dtype}) before it "
-                      "runs: matmuls and convolutions are where low precision buys speed, and their "
-                      "kernels accumulate the many products in float32 anyway"),
-    FP32: ("its floating-point inputs are cast to float32: {what} lose accuracy or overflow in 16 "
-           "bits (exp, log and pow stretch rounding errors, sums and norms accumulate them, "
-           "losses feed every gradient)"),
-    PROMOTE: ("it runs in the widest floating dtype among its inputs (float32 if any input is "
-              "float32, else the autocast dtype): it combines several tensors, which must share "
-              "one dtype"),
+    CATEGORY_LOWER_PRECISION: (
+        "its floating-point inputs are cast to the autocast dtype ({dtype}) before it runs: "
+        "matmuls and convolutions are where low precision buys speed, and their kernels "
+        "accumulate the many products in float32 anyway"),
+    CATEGORY_FP32: (
+        "its floating-point inputs are cast to float32: {what} lose accuracy or overflow in 16 "
+        "bits (exp, log and pow stretch rounding errors, sums and norms accumulate them, losses "
+        "feed every gradient)"),
+    CATEGORY_PROMOTE: (
+        "it runs in the widest floating dtype among its inputs (float32 if any input is float32, "
+        "else the autocast dtype): it combines several tensors, which must share one dtype"),
 }
 
 
@@ -285,7 +290,7 @@ def _strip_namespace(op_name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Explanation:
+class OpExplanation:
     """What autocast does with one op on one device, and why."""
     op: str
     device_type: str
@@ -296,7 +301,7 @@ class Explanation:
         return self.reason
 
 
-def explain(op_name: str, device_type: str) -> Explanation:
+def explain_op(op_name: str, device_type: str) -> OpExplanation:
     """The category of `op_name` under `device_type` autocast and the reason for it."""
     policy = policy_for(device_type)
     name = _strip_namespace(op_name)
@@ -304,7 +309,7 @@ def explain(op_name: str, device_type: str) -> Explanation:
     key = DISPATCH_KEYS[device_type]
     category = policy.category(name)
     if base in policy.banned:
-        return Explanation(name, device_type, None,
+        return OpExplanation(name, device_type, None,
                            f"aten::{base} is banned under {key}: calling it raises. {policy.banned[base]}")
     if category is not None:
         what = "reductions such as this" if base in _CUDA_FP32_BY_DTYPE_ARGUMENT else "ops like this"
@@ -313,12 +318,12 @@ def explain(op_name: str, device_type: str) -> Explanation:
         how = ""
         if device_type == "cuda" and base in _CUDA_FP32_BY_DTYPE_ARGUMENT:
             how = " (torch does it by setting the op's dtype argument to float32, not by a copy)"
-        return Explanation(name, device_type, category,
+        return OpExplanation(name, device_type, category,
                            f"aten::{name} has an {key} kernel in the {category} category: {reason}{how}.")
     inner = RUNS_AS.get(base)
     if inner is not None and policy.category(inner) is not None:
         inner_category = policy.category(inner)
-        return Explanation(name, device_type, None,
+        return OpExplanation(name, device_type, None,
                            f"aten::{base} has no {key} kernel of its own, but torch decomposes it "
                            f"in C++ into aten::{inner}{_ONLY_WHEN.get(base, '')}, which is "
                            f"{inner_category}; so in practice it runs as {inner_category}.")
@@ -329,13 +334,13 @@ def explain(op_name: str, device_type: str) -> Explanation:
     rewrites = [f"; but {when} torch calls {' or '.join('aten::' + i for i in listed)} in C++, "
                 f"{'which is' if len(listed) == 1 else 'both'} {policy.category(listed[0])}"
                 ] if listed else []
-    return Explanation(name, device_type, None,
+    return OpExplanation(name, device_type, None,
                        f"aten::{base} has no {key} kernel: it runs in the dtype its inputs already "
                        f"have, by ordinary type promotion, so after a {_short(policy.default_dtype)} "
                        f"matmul it computes in {_short(policy.default_dtype)}{note}{''.join(rewrites)}.")
 
 
-# The conditional rewrites of `dispatched_as`, in words, for `explain`.
+# The conditional rewrites of `dispatched_as`, in words, for `explain_op`.
 _REWRITTEN_WHEN = {
     "pad": ('with mode "reflect" or "replicate" on two dimensions',
             ("reflection_pad2d", "replication_pad2d")),

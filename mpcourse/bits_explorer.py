@@ -13,7 +13,8 @@ import re
 
 import ipywidgets as widgets
 
-from mpcourse.formats import FORMATS, Explanation, FloatFormat, explain
+from mpcourse.formats import FORMATS, FloatFormat
+from mpcourse.inspect_value import ValueExplanation, explain_value
 
 EXAMPLES = "0.1, 1e-8, 70000, 2**-24, inf or nan"
 _POWER = re.compile(r"^([+-]?)\s*(\d+(?:\.\d*)?)\s*\*\*\s*([+-]?\d+)$")
@@ -32,7 +33,7 @@ def parse_number(text: str) -> float:
         raise ValueError(f"{text!r} is not a number; type e.g. {EXAMPLES}") from None
 
 
-def outcome(entry: Explanation) -> str:
+def outcome(entry: ValueExplanation) -> str:
     """What storing the value did, in a few words."""
     value, stored, fmt = entry.value, entry.stored, entry.fmt
     if math.isnan(value):
@@ -50,11 +51,12 @@ def outcome(entry: Explanation) -> str:
     return "rounded (subnormal)" if entry.kind == "subnormal" else "rounded"
 
 
-def explorer_rows(value: float, formats: tuple[FloatFormat, ...] = FORMATS) -> list[Explanation]:
+def explorer_rows(value: float,
+                  formats: tuple[FloatFormat, ...] = FORMATS) -> list[ValueExplanation]:
     """One explanation per format for `value`."""
     if not formats:
         raise ValueError("explorer needs at least one format, got none")
-    return [explain(value, fmt) for fmt in formats]
+    return [explain_value(value, fmt) for fmt in formats]
 
 
 def explorer_text(value: float, formats: tuple[FloatFormat, ...] = FORMATS) -> str:

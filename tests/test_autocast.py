@@ -13,8 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import mpcourse
-from mpcourse.autocast import (CATEGORIES, FP32, LOWER_PRECISION, PROMOTE, RUNS_AS, explain,
-                               policy_for, profiled_casts, registered_ops)
+from mpcourse.autocast import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
+                               CATEGORY_PROMOTE, RUNS_AS, explain_op, policy_for, profiled_casts,
+                               registered_ops)
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -55,10 +56,10 @@ def test_cuda_categories_match_the_installed_header():
     registrations); cudnn_convolution(_transpose) and the banned binary_cross_entropy are
     registered in autocast_mode.cpp itself and checked by membership only."""
     lists = _header_lists()
-    expected = {name: LOWER_PRECISION for name in lists["LOWER_PRECISION_FP"]}
+    expected = {name: CATEGORY_LOWER_PRECISION for name in lists["LOWER_PRECISION_FP"]}
     for macro in ["FP32", "FP32_SET_OPT_DTYPE", "DIFFERENT_REDISPATCH_SIGNATURE"]:
-        expected.update({name: FP32 for name in lists[macro]})
-    expected.update({name: PROMOTE for name in lists["PROMOTE"]})
+        expected.update({name: CATEGORY_FP32 for name in lists[macro]})
+    expected.update({name: CATEGORY_PROMOTE for name in lists["PROMOTE"]})
     cuda = policy_for("cuda")
     assert len(expected) == 116
     assert {name: cuda.categories[name] for name in expected} == expected
@@ -69,11 +70,13 @@ def test_cuda_categories_match_the_installed_header():
 def test_cpu_and_cuda_differ_where_the_lesson_says():
     cpu, cuda = policy_for("cpu"), policy_for("cuda")
     for op in ["softmax", "layer_norm", "sum", "exp", "log_softmax", "cumsum", "pow"]:
-        assert cpu.category(op) is None and cuda.category(op) == FP32, op
-    assert cpu.category("cat") == PROMOTE and cuda.category("cat") is None
-    assert cpu.category("einsum") is None and cuda.category("einsum") == LOWER_PRECISION
-    assert cpu.category("binary_cross_entropy") == FP32 and "binary_cross_entropy" in cuda.banned
-    assert cpu.category("aten::softmax.int") is None and cuda.category("aten::softmax.int") == FP32
+        assert cpu.category(op) is None and cuda.category(op) == CATEGORY_FP32, op
+    assert cpu.category("cat") == CATEGORY_PROMOTE and cuda.category("cat") is None
+    assert cpu.category("einsum") is None and cuda.category("einsum") == CATEGORY_LOWER_PRECISION
+    assert cpu.category("binary_cross_entropy") == CATEGORY_FP32
+    assert "binary_cross_entropy" in cuda.banned
+    assert cpu.category("aten::softmax.int") is None
+    assert cuda.category("aten::softmax.int") == CATEGORY_FP32
 
 
 def test_every_registered_op_has_exactly_one_category():
@@ -558,12 +561,12 @@ def test_trace_records_category_dtypes_and_cast_bytes():
         out = torch.cat([p, torch.zeros(1, 16)])
     linear, softmax, cat = [r for r in region.trace if r.op in ("linear", "softmax", "cat")]
     assert (linear.category, linear.input_dtypes, linear.output_dtype) == (
-        LOWER_PRECISION, (torch.float32, torch.float32), torch.bfloat16)
+        CATEGORY_LOWER_PRECISION, (torch.float32, torch.float32), torch.bfloat16)
     assert [(c.source, c.target, c.nbytes) for c in linear.casts] == [
         (torch.float32, torch.bfloat16, 4 * 8 * 2), (torch.float32, torch.bfloat16, 16 * 8 * 2)]
     assert (softmax.category, softmax.output_dtype, softmax.casts) == (None, torch.bfloat16, ())
     assert (cat.category, cat.input_dtypes, cat.output_dtype) == (
-        PROMOTE, (torch.bfloat16, torch.float32), torch.float32)
+        CATEGORY_PROMOTE, (torch.bfloat16, torch.float32), torch.float32)
     assert [(c.source, c.target, c.nbytes) for c in cat.casts] == [
         (torch.bfloat16, torch.float32, 4 * 16 * 4)]
     assert out.dtype == torch.float32
@@ -574,25 +577,27 @@ def test_trace_records_category_dtypes_and_cast_bytes():
 
 
 # ---------------------------------------------------------------------------------------------
-# explain, bad input, the package surface.
+# explain_op, bad input, the package surface.
 
-def test_explain_gives_the_category_and_the_reason():
-    assert explain("mm", "cpu").category == LOWER_PRECISION
-    assert "bf16" in str(explain("mm", "cpu")) and "fp16" in str(explain("mm", "cuda"))
-    softmax_cpu = explain("softmax", "cpu")
+def test_explain_op_gives_the_category_and_the_reason():
+    assert explain_op("mm", "cpu").category == CATEGORY_LOWER_PRECISION
+    assert "bf16" in str(explain_op("mm", "cpu")) and "fp16" in str(explain_op("mm", "cuda"))
+    softmax_cpu = explain_op("softmax", "cpu")
     assert softmax_cpu.category is None and "under cuda autocast it is fp32" in softmax_cpu.reason
-    assert "dtype argument" in explain("softmax", "cuda").reason
-    assert explain("aten::cat", "cpu").category == PROMOTE
-    assert "aten::bmm" in explain("einsum", "cpu").reason and explain("einsum", "cpu").category is None
-    assert "contracts" in explain("einsum", "cpu").reason
-    assert "reflection_pad2d" in explain("pad", "cpu").reason and "both fp32" in explain("pad", "cpu").reason
-    assert "mkldnn_rnn_layer" in explain("lstm", "cpu").reason
-    assert "but" not in explain("pad", "cuda").reason and "but" not in explain("gru", "cpu").reason
-    assert "banned" in explain("binary_cross_entropy", "cuda").reason
+    assert "dtype argument" in explain_op("softmax", "cuda").reason
+    assert explain_op("aten::cat", "cpu").category == CATEGORY_PROMOTE
+    einsum, pad = explain_op("einsum", "cpu"), explain_op("pad", "cpu")
+    assert "aten::bmm" in einsum.reason and einsum.category is None
+    assert "contracts" in einsum.reason
+    assert "reflection_pad2d" in pad.reason and "both fp32" in pad.reason
+    assert "mkldnn_rnn_layer" in explain_op("lstm", "cpu").reason
+    assert "but" not in explain_op("pad", "cuda").reason
+    assert "but" not in explain_op("gru", "cpu").reason
+    assert "banned" in explain_op("binary_cross_entropy", "cuda").reason
     for device_type in ["cpu", "cuda"]:
         policy = policy_for(device_type)
         for name in policy.categories:
-            assert explain(name, device_type).category == policy.categories[name]
+            assert explain_op(name, device_type).category == policy.categories[name]
     for composite, inner in RUNS_AS.items():
         assert any(policy_for(d).category(inner) for d in ["cpu", "cuda"]), composite
 
@@ -608,7 +613,7 @@ def test_bad_device_type_and_names_raise_value_errors():
     with pytest.raises(ValueError, match="category"):
         policy_for("cpu").ops("fp16")
     with pytest.raises(ValueError, match="op_name"):
-        explain("", "cpu")
+        explain_op("", "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -636,7 +641,7 @@ def test_cuda_region_follows_torch_when_cuda_is_missing_or_present():
 
 def test_package_exports_work_in_a_fresh_interpreter():
     code = ("import mpcourse, torch\n"
-            "from mpcourse.autocast import policy_for, explain, AutocastPolicy, registered_ops\n"
+            "from mpcourse.autocast import policy_for, explain_op, AutocastPolicy, registered_ops\n"
             "assert isinstance(mpcourse.autocast, type)\n"
             "with mpcourse.autocast('cpu'):\n"
             "    y = torch.mm(torch.ones(2, 2), torch.ones(2, 2))\n"
@@ -645,3 +650,11 @@ def test_package_exports_work_in_a_fresh_interpreter():
             "assert isinstance(policy_for('cpu'), AutocastPolicy)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_op_categories_and_explainers_have_names_no_format_shares():
+    autocast_module = sys.modules["mpcourse.autocast"]
+    assert not hasattr(mpcourse, "explain") and not hasattr(autocast_module, "FP32")
+    assert mpcourse.explain_op is explain_op and mpcourse.explain_value is not explain_op
+    assert CATEGORIES == (CATEGORY_LOWER_PRECISION, CATEGORY_FP32, CATEGORY_PROMOTE)
+    assert mpcourse.FP32.name == CATEGORY_FP32 == "fp32"   # same word, different things

@@ -1,7 +1,5 @@
-"""mpcourse.memory: the worked numbers exactly, checked against what torch really allocates."""
-import math
-
-import matplotlib
+"""mpcourse.memory: the worked numbers exactly, checked against what torch really allocates
+(measured with mpcourse.memory_measure)."""
 import pytest
 import torch
 import torch.nn as nn
@@ -9,12 +7,11 @@ import torch.nn.functional as F
 
 from mpcourse import memory
 from mpcourse.memory import (MemoryBreakdown, attention_parameters, bytes_per_element,
-                             calculator, compare_layouts, find_largest_batch, largest_batch,
-                             layer_parameters, measure_peak_memory, measure_saved_activations,
+                             calculator, largest_batch, layer_parameters,
                              tensor_bytes, training_memory, transformer_memory,
                              transformer_parameters, transformer_saved_tensors)
+from mpcourse.memory_measure import measure_peak_memory, measure_saved_activations
 
-matplotlib.use("Agg")
 MB = 10**6
 M = 10**6
 
@@ -239,67 +236,7 @@ def test_more_gradients_than_parameters_is_an_error():
         training_memory(10, 0, "fp32", gradients=11)
 
 
-def test_autocast_dtype_must_be_16_bit():
-    with pytest.raises(ValueError, match="torch.float16 or torch.bfloat16"):
-        measure_saved_activations(nn.Linear(2, 2), torch.randn(1, 2), autocast_dtype=torch.float32)
-
-
-# --- measuring what autograd saves --------------------------------------------------------
-
-class Square(nn.Module):
-    def forward(self, x):
-        return x * x  # mul saves x twice: once as self, once as other
-
-
-def test_a_storage_saved_twice_is_counted_once():
-    x = torch.randn(100, requires_grad=True)
-    saved = measure_saved_activations(Square(), x)
-    assert saved.total == x.nbytes
-    assert saved.by("op") == {"mul": x.nbytes}
-
-
-def test_linear_saves_its_input_and_references_its_weight():
-    layer = nn.Linear(64, 32)
-    x = torch.randn(8, 64, requires_grad=True)
-    saved = measure_saved_activations(layer, x)
-    assert saved.activations == x.nbytes
-    assert saved.weight_copies == 0
-    assert saved.parameters == layer.weight.nbytes  # listed, not counted in total
-    assert saved.total == x.nbytes
-
-
-def test_the_loss_is_measured_with_the_model():
-    layer = nn.Linear(16, 10)
-    x, targets = torch.randn(8, 16), torch.randint(10, (8,))
-    alone = measure_saved_activations(layer, x)
-    with_loss = measure_saved_activations(layer, x, autocast_dtype=torch.bfloat16,
-                                          loss=lambda logits: F.cross_entropy(logits, targets))
-    assert "log_softmax" not in alone.by("op")
-    assert with_loss.by("op")["log_softmax"] == 8 * 10 * 4  # computed in FP32 under autocast
-    assert with_loss.activations > x.nbytes // 2 + 8 * 10 * 4 + targets.nbytes
-
-
-def test_buffers_the_model_holds_are_not_counted_as_activations():
-    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6))
-    x = torch.randn(5, 4, requires_grad=True)
-    saved = measure_saved_activations(model, x)
-    # linear: its input; batch norm: its input and the saved mean and 1/std of each feature
-    assert saved.activations == x.nbytes + 5 * 6 * 4 + 2 * 6 * 4
-    assert saved.parameters >= model[0].weight.nbytes
-
-
-def test_autocast_saves_16_bit_copies_of_input_and_weight():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 32), nn.GELU(), nn.LayerNorm(32))
-    x = torch.randn(8, 64, requires_grad=True)
-    saved = measure_saved_activations(model, x, autocast_dtype=torch.bfloat16)
-    assert saved.weight_copies == 64 * 32 * 2
-    # bf16: linear's input and weight copy, GELU's input, LayerNorm's input (CPU autocast runs
-    # layer_norm in its input's dtype); FP32: LayerNorm's mean and 1/std, one per row
-    assert saved.by("dtype") == {"bfloat16": (8 * 64 + 64 * 32 + 8 * 32 + 8 * 32) * 2,
-                                 "float32": 2 * 8 * 4}
-    assert set(saved.by("op")) == {"addmm", "gelu", "native_layer_norm"}
-
+# --- the estimate against what autograd really saves ---------------------------------------
 
 @pytest.mark.parametrize("size", [dict(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch=4,
                                        vocab=50),
@@ -373,7 +310,7 @@ def test_cpu_peak_counts_parameters_gradients_state_and_saved_tensors():
     assert "not seen" in repr(peak)
 
 
-# --- the calculator, the chart, the batch search -----------------------------------------
+# --- the calculator and the largest batch that fits ---------------------------------------
 
 def test_calculator_scales_activations_with_batch_and_sequence():
     layouts, chosen = calculator(10 * M, 1000, 4, 256, "amp", "adamw")
@@ -386,17 +323,6 @@ def test_calculator_scales_activations_with_batch_and_sequence():
         calculator(10, 1, 1, 1, "bf16", "adam")
 
 
-def test_chart_stacks_each_layouts_components():
-    breakdowns = compare_layouts(10 * M, 20 * M)
-    ax = memory.plot_layouts(breakdowns, highlight="amp")
-    tops = {}
-    for bar in ax.patches:
-        x = round(bar.get_x() + bar.get_width() / 2)
-        tops[x] = max(tops.get(x, 0), bar.get_y() + bar.get_height())
-    assert [tops[i] for i in range(3)] == pytest.approx([240, 200, 200])
-    assert "MB" in ax.get_ylabel()
-
-
 def test_largest_batch_is_the_edge_of_the_estimate():
     args = dict(d_model=256, n_layers=4, seq_len=128, vocab=1000, layout="amp")
     budget = 500 * MB
@@ -405,16 +331,3 @@ def test_largest_batch_is_the_edge_of_the_estimate():
     assert transformer_memory(batch=b, **args).total <= budget
     assert transformer_memory(batch=b + 1, **args).total > budget
     assert largest_batch(1000, **args) == 0
-
-
-@pytest.mark.parametrize("edge", [1, 2, 3, 37, 64, 1000])
-def test_find_largest_batch_bisects_to_the_edge(edge):
-    calls = []
-
-    def fits(batch):
-        calls.append(batch)
-        return batch <= edge
-
-    assert find_largest_batch(fits, limit=512) == min(edge, 512)
-    assert len(calls) <= 2 * math.log2(512) + 2
-    assert find_largest_batch(lambda b: False) == 0

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mpcourse.formats import (FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E4M3FNUZ, FP8_E5M2FNUZ,
-                              FP8_E8M0, FloatFormat, bits, explain, from_bits, grid, neighbours,
-                              round_to)
+                              FP8_E8M0, FloatFormat, round_to)
+from mpcourse.inspect_value import bits, explain_value, from_bits, grid, neighbours
 
 TORCH_FORMATS = (FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP8_E8M0)
 ML_DTYPE = {FP8_E4M3FNUZ: ml_dtypes.float8_e4m3fnuz, FP8_E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
@@ -215,17 +215,17 @@ def test_grid_lists_every_finite_value_of_the_reference(fmt):
     assert grid(fmt, 0.9, 2.1) == [v for v in finite if 0.9 <= v <= 2.1]
 
 
-def test_neighbours_and_explain_at_the_edges_of_the_new_formats():
+def test_neighbours_and_explain_value_at_the_edges_of_the_new_formats():
     assert neighbours(FP8_E8M0.smallest_subnormal, FP8_E8M0)[1] == 2.0**-126
     assert math.isnan(neighbours(FP8_E8M0.smallest_subnormal, FP8_E8M0)[0])
     assert math.isnan(neighbours(FP8_E8M0.max, FP8_E8M0)[1])
     assert neighbours(FP4_E2M1.max, FP4_E2M1)[0] == 4.0
     assert neighbours(0.0, FP8_E4M3FNUZ) == (-FP8_E4M3FNUZ.smallest_subnormal,
                                              FP8_E4M3FNUZ.smallest_subnormal)
-    e = explain(3.0, FP8_E8M0)
+    e = explain_value(3.0, FP8_E8M0)
     assert e.stored == 4.0 and e.kind == "normal" and e.exponent == 2 and "no sign" in str(e)
-    assert explain(2.0**-127, FP8_E8M0).kind == "normal"
-    assert "code of -0" in str(explain(math.nan, FP8_E4M3FNUZ))
+    assert explain_value(2.0**-127, FP8_E8M0).kind == "normal"
+    assert "code of -0" in str(explain_value(math.nan, FP8_E4M3FNUZ))
     with pytest.raises(ValueError, match="fp4_e2m1 has no NaN"):
         bits(math.nan, FP4_E2M1)
     with pytest.raises(ValueError, match="sign 0, exponent"):
