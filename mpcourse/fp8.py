@@ -8,7 +8,7 @@ divided by it again after the matmul::
 
     scale = fmt.max / amax / 2**margin
     fp8   = round_to(x * scale, fmt)          # what an FP8 tensor core reads
-    y     = (fp8_x @ fp8_w.T) / (scale_x * scale_w)   # products summed in FP32
+    y     = (fp8_x @ fp8_w.T) / (scale_x * scale_w)   # products summed in FP32 here
 
 *Delayed scaling* takes the scale from the largest amax seen over the last `history_len`
 steps instead of the current tensor's, so the cast does not have to wait for a pass over the
@@ -18,7 +18,10 @@ tensor; the history absorbs the step-to-step wobble of the amax.
 pass, output gradients to E5M2 in the backward pass, FP32 accumulation. Quantization uses
 `formats.round_to`, which matches torch's `float8_e4m3fn`/`float8_e5m2` casts bit for bit. On
 a GPU with FP8 tensor cores (compute capability 8.9 or newer) the layer calls
-`torch._scaled_mm` on real FP8 tensors instead.
+`torch._scaled_mm` on real FP8 tensors instead. Those tensor cores do not sum in FP32: on
+Hopper they keep about 14 bits of the running sum (DeepSeek-V3 report), and cuBLAS promotes
+partial sums to FP32 at intervals unless `use_fast_accum=True`; `mpcourse.scaled_matmul`
+emulates such an accumulator.
 """
 from __future__ import annotations
 
@@ -249,10 +252,11 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, backend: str = "emulated") -> torch.T
     """The float32 product of the real values two FP8 operands stand for: (a.data/a.scale) @ (b.data/b.scale).
 
     "emulated" multiplies the grid values in float32: a product of two FP8 values has at most
-    8 significant bits, so it is exact, and the sums are FP32, as in an FP8 tensor core; one
+    8 significant bits, so it is exact, and the sums are FP32, as in an FP8 GEMM that promotes
+    its partial sums to FP32 (a Hopper tensor core alone keeps about 14 bits of the sum); one
     multiplication by both inverse scales follows. "scaled_mm" casts the operands to torch's
     FP8 dtypes (exact: they are on the grid) and calls `torch._scaled_mm`, the real FP8 GEMM,
-    which applies the same inverse scales to its FP32 accumulator.
+    which applies the same inverse scales to its accumulated sums.
     """
     inverse_scales = a.scale.reciprocal() * b.scale.reciprocal()
     if backend == "emulated":
