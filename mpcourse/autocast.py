@@ -38,7 +38,8 @@ from torch.overrides import TorchFunctionMode
 from mpcourse.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
                                       CATEGORY_PROMOTE, CHECKS_DTYPES_FIRST, RUNS_AS,
                                       AutocastPolicy, OpExplanation, dispatched_as, explain_op,
-                                      policy_for, registered_ops, _short)
+                                      policy_for, registered_ops)
+from mpcourse.precision import short_name
 
 __all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "policy_for",
            "registered_ops", "explain_op", "dispatched_as", "AutocastPolicy", "OpExplanation",
@@ -91,11 +92,11 @@ class Trace(list):
         for r in self:
             if only_categorized and r.category is None:
                 continue
-            casts = ", ".join(f"{_short(c.source)}->{_short(c.target)}"
+            casts = ", ".join(f"{short_name(c.source)}->{short_name(c.target)}"
                               f"{' (cache)' if c.cached else ''}" for c in r.casts)
-            inputs = ",".join(_short(d) for d in r.input_dtypes)
+            inputs = ",".join(short_name(d) for d in r.input_dtypes)
             lines.append(f"{r.op:<30} {r.category or '-':<16} {inputs:<22} "
-                         f"{_short(r.output_dtype):<7} {casts}")
+                         f"{short_name(r.output_dtype):<7} {casts}")
         return "\n".join(lines)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from mpcourse.precision import short_name
+
 # The three categories of torch's autocast tables (the names torch's CastPolicy gives them).
 CATEGORY_LOWER_PRECISION = "lower_precision"
 CATEGORY_FP32 = "fp32"
@@ -313,7 +315,7 @@ def explain_op(op_name: str, device_type: str) -> OpExplanation:
                            f"aten::{base} is banned under {key}: calling it raises. {policy.banned[base]}")
     if category is not None:
         what = "reductions such as this" if base in _CUDA_FP32_BY_DTYPE_ARGUMENT else "ops like this"
-        reason = _REASONS[category].format(dtype=_short(policy.default_dtype) + " by default",
+        reason = _REASONS[category].format(dtype=short_name(policy.default_dtype) + " by default",
                                            what=what)
         how = ""
         if device_type == "cuda" and base in _CUDA_FP32_BY_DTYPE_ARGUMENT:
@@ -334,10 +336,11 @@ def explain_op(op_name: str, device_type: str) -> OpExplanation:
     rewrites = [f"; but {when} torch calls {' or '.join('aten::' + i for i in listed)} in C++, "
                 f"{'which is' if len(listed) == 1 else 'both'} {policy.category(listed[0])}"
                 ] if listed else []
+    low = short_name(policy.default_dtype)
     return OpExplanation(name, device_type, None,
-                       f"aten::{base} has no {key} kernel: it runs in the dtype its inputs already "
-                       f"have, by ordinary type promotion, so after a {_short(policy.default_dtype)} "
-                       f"matmul it computes in {_short(policy.default_dtype)}{note}{''.join(rewrites)}.")
+                         f"aten::{base} has no {key} kernel: it runs in the dtype its inputs "
+                         f"already have, by ordinary type promotion, so after a {low} matmul it "
+                         f"computes in {low}{note}{''.join(rewrites)}.")
 
 
 # The conditional rewrites of `dispatched_as`, in words, for `explain_op`.
@@ -347,11 +350,3 @@ _REWRITTEN_WHEN = {
     **{rnn: ("on a float32 CPU input with oneDNN enabled", ("mkldnn_rnn_layer",))
        for rnn in _MKLDNN_RNNS},
 }
-
-
-_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-          torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
-
-
-def _short(dtype: torch.dtype | None) -> str:
-    return "-" if dtype is None else _SHORT.get(dtype, str(dtype).removeprefix("torch."))
