@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from mpcourse.autocast import _native_stderr_silenced
+from mpcourse.precision import dtype_name
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def matmul_work(m: int, n: int, k: int, dtype: torch.dtype) -> Work:
     is 2*m*n*k FLOPs, and the bytes of A, B and C once each."""
     _positive(m=m, n=n, k=k)
     itemsize = _itemsize(dtype)
-    return Work(f"matmul {m}x{k} @ {k}x{n} ({_short(dtype)})", 2 * m * n * k,
+    return Work(f"matmul {m}x{k} @ {k}x{n} ({dtype_name(dtype)})", 2 * m * n * k,
                 (m * k + k * n + m * n) * itemsize)
 
 
@@ -72,12 +73,8 @@ def elementwise_work(numel: int, dtype: torch.dtype, *, reads: int = 1, writes: 
     if not isinstance(flops_per_element, int) or flops_per_element < 0:
         raise ValueError(f"flops_per_element must be an int >= 0, got {flops_per_element!r}")
     itemsize = _itemsize(dtype)
-    return Work(f"{name} ({_short(dtype)})", numel * flops_per_element,
+    return Work(f"{name} ({dtype_name(dtype)})", numel * flops_per_element,
                 numel * (reads + writes) * itemsize)
-
-
-def _short(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -145,7 +142,7 @@ def tensor_core_multiple(dtype: torch.dtype) -> int:
     multiples of 64 bytes (32 FP16 elements) do better still.
     """
     if dtype not in _TENSOR_CORE_DTYPES:
-        raise ValueError(f"tensor cores take {', '.join(map(_short, _TENSOR_CORE_DTYPES))} "
+        raise ValueError(f"tensor cores take {', '.join(map(dtype_name, _TENSOR_CORE_DTYPES))} "
                          f"inputs, not {dtype!r}")
     return 16 // dtype.itemsize
 
@@ -195,7 +192,7 @@ class KernelCall:
         return a[-2], b[-1], a[-1]
 
     def __str__(self) -> str:
-        dtypes = ", ".join(_short(d) for d in self.input_dtypes)
+        dtypes = ", ".join(dtype_name(d) for d in self.input_dtypes)
         return f"{self.name} [{self.device}]" + (f" ({dtypes})" if dtypes else "")
 
 

@@ -13,7 +13,8 @@ import torch
 from mpcourse import clinic, hardware
 from mpcourse.clinic import format_cases
 from mpcourse.clinic.case import diagnosed
-from mpcourse.formats import BF16, neighbours
+from mpcourse.formats import BF16
+from mpcourse.inspect_value import neighbours
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.formats import BF16, FP16, neighbours, round_to
+from mpcourse.formats import BF16, FP16, round_to
+from mpcourse.inspect_value import neighbours
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.stochastic import StochasticRoundingOptimizer, sgd_step_stochastic, stochastic_round
 

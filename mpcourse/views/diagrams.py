@@ -26,7 +26,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mpcourse import precision
-from mpcourse.formats import BF16, neighbours
+from mpcourse.formats import BF16
+from mpcourse.inspect_value import neighbours
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.scaling import GradScaler
 from mpcourse.update_walk import walk
