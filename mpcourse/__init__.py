@@ -8,10 +8,11 @@ Modules follow the lessons:
 - 03 `autocast`, with its op tables in `autocast_policy`;
 - 04 `master`;
 - 05 `scaling`, with the experiments lesson 09 repeats in `scaling_experiments`;
-- 06 `train` (the one training loop; variants plug in through `RunConfig`), `lab_size`,
-  `widgets`, on `models` and `data`;
+- 06 `train` (a package: `RunConfig -> train -> RunResult`, the one training loop, into which
+  every variant below plugs through `RunConfig`), `precision` (the run precisions' names and
+  dtypes), `lab_size`, `widgets`, on `models` and `data`; tables and plots of results in `views`;
 - 07 `fp8`;
-- 08 `distributed`;
+- 08 `distributed` (a package: DDP and FSDP2 strategies, collectives, costs, torchrun launch);
 - 09 `clinic`, a package with one module of cases per lesson;
 - 10 `blockscale`, `scaled_matmul`, `block_linear`;
 - 11 `stochastic`, `kahan`, `optim_states`, `optimizer_memory`, `update_walk`.
