@@ -17,8 +17,9 @@ Modules follow the lessons:
 - 10 `blockscale`, `scaled_matmul`, `block_linear`;
 - 11 `stochastic`, `kahan`, `optim_states`, `optimizer_memory`, `update_walk`.
 
-Around them: `hardware` (what this machine accelerates), `benchmark`, `course` (the course
-map) and `grading` (exercises, `check()` and the sandboxed grader).
+Around them: `hardware` (what this machine accelerates), `performance` (the roofline of lesson
+00), `benchmark`, `course` (the course map) and `grading` (exercises, `check()` and the
+sandboxed grader).
 """
 __version__ = "0.1.0"
 from mpcourse import benchmark, course, hardware
