@@ -5,14 +5,17 @@ time; each is compared with single-process training on the same global batch.
 """
 import dataclasses
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
+from matplotlib.colors import to_hex
 
 from mpcourse.distributed import (DistributedRun, DistributedRunConfig, check_nproc, collective_results,
                                   compress_hook, launch, memory_per_rank, run_for_precision, sharding_policy,
                                   simulated_reduce, torchrun_command, wire_bytes)
 from mpcourse.models import GPT
 from mpcourse.train import RunConfig, train
+from mpcourse.views.diagrams import DTYPE_COLOURS
 from mpcourse.views.distributed import (collectives_picture, format_results, plot_wire_bytes,
                                         wire_bytes_per_step)
 
@@ -140,6 +143,16 @@ def test_plot_wire_bytes_stacks_each_runs_collectives(results):
     for i, result in enumerate(results.values()):
         for kind, heights in bars.items():
             assert heights[i] == pytest.approx(wire_bytes_per_step(result).get(kind, 0) / 1e3)
+    # each part is filled with the dtype it carried: hooks' 16 bits, FSDP2's bf16 gathers, fp32 reduction
+    fill = {kind: [to_hex(p.get_facecolor()) for p in fig.axes[0].patches if p.get_gid() == kind]
+            for kind in bars}
+    order = list(results)
+    assert fill["all_reduce"][order.index("ddp")] == DTYPE_COLOURS["fp32"].lower()
+    assert fill["all_reduce"][order.index("ddp_fp16")] == DTYPE_COLOURS["fp16"].lower()
+    assert fill["all_reduce"][order.index("ddp_bf16")] == DTYPE_COLOURS["bf16"].lower()
+    assert fill["all_gather"][order.index("fsdp2")] == DTYPE_COLOURS["bf16"].lower()
+    assert fill["reduce_scatter"][order.index("fsdp2")] == DTYPE_COLOURS["fp32"].lower()
+    plt.close(fig)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -153,6 +166,7 @@ def test_collective_results_are_what_each_collective_computes(world_size):
     fig = collectives_picture(inputs, got)
     shown = [t.get_text() for t in fig.axes[0].texts]
     assert shown.count(f"{total[0].item():g}") >= world_size + 1   # every all-reduce row, reduce-scatter rank 0
+    plt.close(fig)
     with pytest.raises(ValueError, match="length divisible by the 3 ranks"):
         collective_results([torch.ones(4)] * 3)
     with pytest.raises(ValueError, match="two or more 1-D tensors"):

@@ -7,18 +7,21 @@ from typing import TYPE_CHECKING
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 
 from mpcourse.distributed.costs import COLLECTIVES, wire_bytes_of_payload
-from mpcourse.views.diagrams import blank_axes
+from mpcourse.views.diagrams import DTYPE_COLOURS, blank_axes, dtype_colour, dtype_label
 
 if TYPE_CHECKING:
-    from mpcourse.distributed import DistributedResult
+    from mpcourse.distributed import DistributedResult, DistributedRun
 
-#: A tint per rank, for where each value came from (not a dtype: the dtype colours stay free).
-RANK_TINTS = ("#c7e9c0", "#fdd0a2", "#dadaeb", "#f2c4d6")
+#: A grey per rank, for where each value came from (greys: the dtype colours keep their meaning).
+RANK_TINTS = ("#d4d4d4", "#9a9a9a", "#bcbcbc", "#808080")
 SUM_TINT = "#ffffff"
-COLLECTIVE_COLOURS = {"all_reduce": "#0072B2", "all_gather": "#E69F00", "reduce_scatter": "#009E73"}
+#: The hatching of each collective's part of a bar (its fill is the dtype it carries).
+COLLECTIVE_HATCHES = {"all_reduce": "", "all_gather": "//", "reduce_scatter": ".."}
+#: The dtype a DDP compress hook all-reduces in.
+COMPRESSED_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def format_results(results: list[DistributedResult]) -> str:
@@ -35,7 +38,7 @@ def format_results(results: list[DistributedResult]) -> str:
 
 def collectives_picture(inputs: list[torch.Tensor], results: dict[str, list[torch.Tensor]]) -> Figure:
     """What each rank holds before and after each collective (`collective_results`): one row
-    per rank, one column per collective, one box per element, tinted by the rank it came from
+    per rank, one column per collective, one box per element, in the grey of the rank it came from
     (white: a sum over all ranks)."""
     world, width = len(inputs), inputs[0].numel()
     if set(results) != set(COLLECTIVES) or any(len(v) != world for v in results.values()):
@@ -75,23 +78,40 @@ def wire_bytes_per_step(result: DistributedResult) -> dict[str, int]:
             for kind, payload in result.bytes_per_step.items()}
 
 
+def wire_dtypes(run: DistributedRun) -> dict[str, torch.dtype]:
+    """The dtype each collective of `run` carries: DDP's all-reduce in FP32 or its hook's 16
+    bits, FSDP2's all-gathers in `param_dtype` and its reduce-scatters in `reduce_dtype`."""
+    if run.strategy == "ddp":
+        return {"all_reduce": COMPRESSED_DTYPES[run.compress]}
+    return {"all_gather": run.param_dtype, "reduce_scatter": run.reduce_dtype}
+
+
 def plot_wire_bytes(results: dict[str, DistributedResult]) -> Figure:
-    """Stacked bars: kB each rank sent per step in each collective, one bar per run."""
-    fig, ax = plt.subplots(figsize=(8, 4))
+    """Stacked bars: kB each rank sent per step in each collective (hatching), one bar per run,
+    each part filled with the colour of the dtype it carried."""
+    fig, ax = plt.subplots(figsize=(9, 4))
     names = list(results)
     bottom = [0.0] * len(names)
     for kind in COLLECTIVES:
         values = [wire_bytes_per_step(results[n]).get(kind, 0) / 1e3 for n in names]
-        ax.bar(names, values, bottom=bottom, label=kind.replace("_", "-"),
-               color=COLLECTIVE_COLOURS[kind], gid=kind)
+        colours = [dtype_colour(wire_dtypes(results[n].run).get(kind)) for n in names]
+        ax.bar(names, values, bottom=bottom, color=colours, hatch=COLLECTIVE_HATCHES[kind],
+               edgecolor="#333333", linewidth=0.6, gid=kind)
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylim(0, 1.12 * max(bottom))
     worlds = sorted({r.world_size for r in results.values()})
     ax.set_ylabel("kB sent per step, per rank")
     ax.set_title(f"Bytes on the wire per step (ring algorithms, {', '.join(map(str, worlds))} ranks)")
     ax.tick_params(axis="x", labelrotation=15)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.legend()
+    kinds = [Patch(facecolor="white", edgecolor="#333333", hatch=COLLECTIVE_HATCHES[k],
+                   label=k.replace("_", "-")) for k in COLLECTIVES]
+    carried = {dtype_label(d) for r in results.values() for d in wire_dtypes(r.run).values()}
+    dtypes = [Patch(facecolor=DTYPE_COLOURS[n], edgecolor="#333333", label=n)
+              for n in DTYPE_COLOURS if n in carried]
+    ax.legend(handles=kinds + dtypes, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
+              title="collective, dtype", title_fontsize=9)
     fig.tight_layout()
     return fig
