@@ -137,15 +137,18 @@ def run_in_grader(test, namespace) -> tuple[bool, str | None]:
 
 
 def beside_verdict(test, expected_calls: list, got: dict) -> tuple[bool, str | None]:
-    """A test run beside the learner's answers: their log against the solution's, then its asserts."""
+    """A test run beside the learner's answers: its asserts, then their log against the solution's.
+
+    The asserts come first so that a learner whose code fails them reads the test's own hint,
+    not the first number in which their results differ from the solution's."""
     calls = got.get("calls")
     if type(calls) is not list:
         return False, "the sandbox sent no log of calls"
+    if got.get("passed") is not True:
+        return False, trusted_reason(test.source, got.get("reason"))
     reason = compare_calls(expected_calls, calls)
     if reason:
         return False, reason
-    if got.get("passed") is not True:
-        return False, trusted_reason(test.source, got.get("reason"))
     return True, None
 
 
