@@ -17,7 +17,8 @@ class Lesson:
 
 LESSONS = (
     Lesson("00", "Welcome", "00_welcome.ipynb",
-           "the course map, your hardware, and a first honest measurement", "any"),
+           "the course map, your hardware, a first honest measurement and a performance model",
+           "any"),
     Lesson("01", "Number formats from the bits", "01_number_formats.ipynb",
            "FP32, FP16, BF16 and FP8 bit by bit; rounding, underflow, overflow", "any"),
     Lesson("02", "Where training memory goes", "02_memory.ipynb",
