@@ -6,8 +6,8 @@ backward pass instead:
 - `measure_saved_activations` lists every tensor autograd keeps for backward, each storage once,
   by the op that saved it, its dtype and whether it is an activation or a 16-bit weight copy;
 - `measure_peak_memory` reads the peak of one call: CUDA's allocator counter, or on a CPU the
-  sum of what can be seen (parameters, gradients, optimizer state, the most bytes saved for
-  backward at any moment);
+  moment when what can be seen (parameters, gradients, optimizer state, the bytes saved for
+  backward) added up to the most;
 - `find_largest_batch` searches for the largest batch that still fits, by trying.
 """
 from __future__ import annotations
@@ -209,11 +209,16 @@ def measure_saved_activations(model: torch.nn.Module, *inputs,
 
 @dataclass(frozen=True, repr=False)
 class PeakMemory:
-    """The peak memory of one call, and what the measurement could not see."""
+    """The peak memory of one call, what it was made of, and what the measurement could not see.
+
+    `largest` (CPU only): each kind of tensor at its own largest during the call. The kinds do not
+    peak together: gradients appear in backward while the saved tensors are being freed.
+    """
     device: str
     peak: int                      # bytes
     parts: dict[str, int] = field(default_factory=dict)
     unseen: str = ""
+    largest: dict[str, int] = field(default_factory=dict)
 
     @property
     def mb(self) -> float:
@@ -222,18 +227,42 @@ class PeakMemory:
     def __repr__(self) -> str:
         lines = [f"PeakMemory on {self.device}: {self.mb:,.1f} MB"]
         lines += [f"  {name:<24}{size / MB:>12,.1f} MB" for name, size in self.parts.items()]
+        if self.largest:
+            lines.append("  each at its own largest during the call: " + ", ".join(
+                f"{name} {size / MB:,.1f} MB" for name, size in self.largest.items()))
         if self.unseen:
             lines.append(f"  not seen: {self.unseen}")
         return "\n".join(lines)
 
 
-class _LiveSavedBytes:
-    """Saved-tensor hooks that track how many bytes autograd holds at once, and the most."""
+class _LiveBytes:
+    """Watches one call: the bytes saved for backward, the gradients and the optimizer state,
+    and the moment the three together were largest.
 
-    def __init__(self, ignored: set[tuple]):
-        self.ignored = ignored             # storages counted elsewhere (the parameters)
-        self.live: dict[tuple, list] = {}  # storage -> [bytes, number of saves holding it]
-        self.current = self.peak = 0
+    It looks whenever one of them can change: a tensor saved or freed by autograd, a gradient
+    accumulated (a post-accumulate-grad hook) and an optimizer step (a step post-hook).
+    """
+
+    def __init__(self, model: torch.nn.Module | None, optimizer):
+        self.parameters = list(model.parameters()) if model is not None else []
+        self.optimizer = optimizer
+        self.ignored = _model_storages(model) if model is not None else set()  # counted as parameters
+        self.live: dict[tuple, list] = {}  # saved storage -> [bytes, number of saves holding it]
+        self.saved = 0
+        self.at_peak = {"gradients": 0, "optimizer state": 0, "saved for backward": 0}
+        self.largest = dict(self.at_peak)
+
+    def now(self) -> dict[str, int]:
+        state = [v for s in (self.optimizer.state.values() if self.optimizer is not None else ())
+                 for v in s.values() if isinstance(v, torch.Tensor)]
+        return {"gradients": _tensor_bytes(p.grad for p in self.parameters if p.grad is not None),
+                "optimizer state": _tensor_bytes(state), "saved for backward": self.saved}
+
+    def observe(self, *_):
+        now = self.now()
+        self.largest = {kind: max(self.largest[kind], size) for kind, size in now.items()}
+        if sum(now.values()) > sum(self.at_peak.values()):
+            self.at_peak = now
 
     def pack(self, tensor):
         holder = _Holder(tensor)
@@ -242,8 +271,8 @@ class _LiveSavedBytes:
             return holder
         entry = self.live.setdefault(key, [tensor.untyped_storage().nbytes(), 0])
         if entry[1] == 0:
-            self.current += entry[0]
-            self.peak = max(self.peak, self.current)
+            self.saved += entry[0]
+            self.observe()
         entry[1] += 1
         weakref.finalize(holder, self._release, key)
         return holder
@@ -252,8 +281,16 @@ class _LiveSavedBytes:
         entry = self.live[key]
         entry[1] -= 1
         if entry[1] == 0:
-            self.current -= entry[0]
+            self.saved -= entry[0]
             del self.live[key]
+
+    def hooks(self) -> list:
+        """Hook handles that make every gradient accumulation and optimizer step observed."""
+        handles = [p.register_post_accumulate_grad_hook(self.observe)
+                   for p in self.parameters if p.requires_grad]
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            handles.append(self.optimizer.register_step_post_hook(self.observe))
+        return handles
 
 
 class _Holder:
@@ -274,9 +311,10 @@ def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | No
 
     On CUDA: `torch.cuda.max_memory_allocated` after resetting the peak and synchronizing, i.e.
     every tensor the caching allocator handed out, including temporaries.
-    Elsewhere there is no allocator counter to read, so it adds up what it can see: the
-    parameters of `model`, their gradients and the state of `optimizer` after the call, and the
-    most bytes autograd held for backward at any moment during it.
+    Elsewhere there is no allocator counter to read, so it watches what it can see: the
+    parameters of `model`, their gradients, the state of `optimizer` and the tensors autograd
+    holds for backward, and reports the moment their sum was largest, split into those kinds.
+    Gradients freed by `zero_grad` inside `fn` are counted while they lived.
     """
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -289,21 +327,22 @@ def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | No
                                          "added at the peak": peak - before},
                           "memory reserved by the caching allocator but not allocated, and "
                           "the CUDA context itself")
-    parameters = list(model.parameters()) if model is not None else []
-    tracker = _LiveSavedBytes(_model_storages(model) if model is not None else set())
-    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda holder: holder.tensor):
-        fn()
-    state = [v for s in (optimizer.state.values() if optimizer else ())
-             for v in s.values() if isinstance(v, torch.Tensor)]
-    parts = {"parameters": _tensor_bytes(parameters),
-             "gradients": _tensor_bytes(p.grad for p in parameters if p.grad is not None),
-             "optimizer state": _tensor_bytes(state),
-             "saved for backward (peak)": tracker.peak}
+    watch = _LiveBytes(model, optimizer)
+    handles = watch.hooks()
+    watch.observe()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(watch.pack, lambda holder: holder.tensor):
+            fn()
+    finally:
+        for handle in handles:
+            handle.remove()
+    watch.observe()
+    parts = {"parameters": _tensor_bytes(watch.parameters), **watch.at_peak}
     return PeakMemory("cpu", sum(parts.values()), parts,
                       "temporaries that live inside one op or between ops (e.g. the logits), "
                       "autocast's weight cache beyond what backward saves, the input batch, "
                       "and allocator overhead; without model= and optimizer= only the saved "
-                      "tensors are counted")
+                      "tensors are counted", largest=watch.largest)
 
 
 def find_largest_batch(fits: Callable[[int], bool], limit: int = 2**16) -> int:

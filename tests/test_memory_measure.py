@@ -7,7 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mpcourse import memory, memory_measure
-from mpcourse.memory_measure import find_largest_batch, measure_saved_activations
+from mpcourse.memory_measure import (find_largest_batch, measure_peak_memory,
+                                     measure_saved_activations)
 
 
 def test_autocast_dtype_must_be_16_bit():
@@ -68,6 +69,47 @@ def test_autocast_saves_16_bit_copies_of_input_and_weight():
     assert saved.by("dtype") == {"bfloat16": (8 * 64 + 64 * 32 + 8 * 32 + 8 * 32) * 2,
                                  "float32": 2 * 8 * 4}
     assert set(saved.by("op")) == {"addmm", "gelu", "native_layer_norm"}
+
+
+# --- peak memory on a CPU ------------------------------------------------------------------
+
+def _adam_step(model, optimizer, x):
+    model(x).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)   # the gradients are gone before the call returns
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU accounting path")
+def test_cpu_peak_sees_gradients_that_zero_grad_frees_before_the_call_returns():
+    layer = nn.Linear(256, 256)
+    optimizer = torch.optim.Adam(layer.parameters())
+    x = torch.randn(1, 256)   # saves 1 kB: the peak is at the step, not at the end of forward
+    peak = measure_peak_memory(lambda: _adam_step(layer, optimizer, x), model=layer,
+                               optimizer=optimizer)
+    n_bytes = layer.weight.nbytes + layer.bias.nbytes
+    state = 2 * n_bytes + 2 * 4  # exp_avg and exp_avg_sq, and one FP32 step counter per tensor
+    assert layer.weight.grad is None
+    # right after optimizer.step(): weights, gradients and the state Adam just created
+    assert peak.parts == {"parameters": n_bytes, "gradients": n_bytes, "optimizer state": state,
+                          "saved for backward": 0}
+    assert peak.peak == 2 * n_bytes + state
+    assert peak.largest == {"gradients": n_bytes, "optimizer state": state,
+                            "saved for backward": x.nbytes}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU accounting path")
+def test_cpu_peak_is_the_largest_moment_not_the_sum_of_each_kinds_largest():
+    layer = nn.Linear(16, 16)
+    optimizer = torch.optim.Adam(layer.parameters())
+    _adam_step(layer, optimizer, torch.randn(1, 16))   # Adam's state exists from here on
+    x = torch.randn(4096, 16)   # saves 256 kB, far more than the gradients (1 kB)
+    peak = measure_peak_memory(lambda: _adam_step(layer, optimizer, x), model=layer,
+                               optimizer=optimizer)
+    n_bytes = layer.weight.nbytes + layer.bias.nbytes
+    # at the end of forward: no gradients yet, everything saved
+    assert peak.parts["saved for backward"] == x.nbytes and peak.parts["gradients"] == 0
+    assert peak.largest["gradients"] == n_bytes
+    assert peak.peak < peak.parts["parameters"] + sum(peak.largest.values())
 
 
 # --- the batch search ----------------------------------------------------------------------
