@@ -8,7 +8,8 @@
   to find its level again).
 
 Each takes the model, optimizer and training step from its caller, so the lesson runs them on
-its FP16 model with FP32 masters and the clinic on its small FP32 models under autocast.
+its small FP32 model under autocast to FP16 and the clinic on its own small models; both work as
+well for 16-bit parameters with FP32 masters (pass the masters as `params`).
 """
 from __future__ import annotations
 
