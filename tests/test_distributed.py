@@ -280,3 +280,9 @@ def test_cli_trains_bf16_on_two_processes_with_fsdp2(capsys):
                  "--seq-len", "16"]) == 0
     out = capsys.readouterr().out
     assert "FSDP2 param bfloat16, reduce float32" in out
+
+
+def test_each_run_names_the_dtype_its_gradients_travel_in():
+    assert [RUNS[name].gradient_dtype for name in ("ddp", "ddp_fp16", "ddp_bf16", "fsdp2")] == \
+        [torch.float32, torch.float16, torch.bfloat16, torch.float32]
+    assert DistributedRun("fsdp2", reduce_dtype=torch.bfloat16).gradient_dtype == torch.bfloat16

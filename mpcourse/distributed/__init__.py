@@ -4,7 +4,8 @@
 - `strategies`: `DistributedRun` (DDP with or without a 16-bit compress hook, or FSDP2 with a
   `MixedPrecisionPolicy`) and `DistributedRunConfig`, the variant that plugs a strategy into
   the one training loop of `mpcourse.train`;
-- `collectives`: `CollectiveCounter`, the bytes a rank hands to each collective;
+- `collectives`: what each collective leaves on each rank (`collective_results`, gloo's own),
+  and `CollectiveCounter`, the bytes a rank hands to each;
 - `costs`: what each collective leaves on each rank (gloo on threads), memory per rank, the
   bytes each rank sends per step, and a simulated 16-bit reduction, without launching;
 - `launch`: `launch(runs, config, nproc)` starts `nproc` local processes through torchrun,
@@ -15,9 +16,9 @@ The global batch is split evenly across ranks and every loss is averaged over al
 distributed run computes what `mpcourse.train.train` computes in one process on the whole
 batch, up to rounding.
 """
-from mpcourse.distributed.collectives import CollectiveCounter
-from mpcourse.distributed.costs import (COLLECTIVES, RankMemory, collective_results, memory_per_rank,
-                                       simulated_reduce, wire_bytes, wire_bytes_of_payload)
+from mpcourse.distributed.collectives import COLLECTIVES, CollectiveCounter, collective_results
+from mpcourse.distributed.costs import (RankMemory, memory_per_rank, simulated_reduce, wire_bytes,
+                                       wire_bytes_of_payload)
 from mpcourse.distributed.launch import DistributedResult, check_nproc, launch, torchrun_command
 from mpcourse.distributed.strategies import (COMPRESSIONS, POLICY_DTYPES, STRATEGIES, DistributedRun,
                                              DistributedRunConfig, compress_hook, run_for_precision,

@@ -1,8 +1,57 @@
-"""Counting the bytes a rank hands to each collective (lesson 08)."""
+"""The collectives: what each leaves on each rank, and the bytes a rank hands to each (lesson 08)."""
 from __future__ import annotations
+
+import datetime
+import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def collective_results(inputs: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """What each collective leaves on each rank when rank r contributes `inputs[r]`.
+
+    The collectives are gloo's own: one gloo process group member per rank, each a thread of
+    this process, sharing an in-memory store. All-reduce (sum) leaves the sum on every rank;
+    all-gather leaves every rank's input, concatenated, on every rank; reduce-scatter leaves
+    rank r the r-th of W equal slices of the sum.
+    """
+    world_size = len(inputs)
+    if world_size < 2 or any(not isinstance(t, torch.Tensor) or t.dim() != 1 for t in inputs):
+        raise ValueError("inputs must be two or more 1-D tensors, one per rank")
+    if len({(t.numel(), t.dtype) for t in inputs}) != 1 or inputs[0].numel() % world_size:
+        raise ValueError(f"every rank's input must have the same dtype and a length divisible by "
+                         f"the {world_size} ranks, got lengths {[t.numel() for t in inputs]}")
+    store = torch.distributed.HashStore()
+    results = {name: [None] * world_size for name in COLLECTIVES}
+    errors = []
+
+    def rank(r: int) -> None:
+        try:
+            group = torch.distributed.ProcessGroupGloo(store, r, world_size,
+                                                       datetime.timedelta(seconds=30))
+            x = inputs[r].clone()
+            summed = x.clone()
+            group.allreduce([summed]).wait()
+            gathered = x.new_empty(world_size * x.numel())
+            group._allgather_base(gathered, x).wait()
+            scattered = x.new_empty(x.numel() // world_size)
+            group._reduce_scatter_base(scattered, x).wait()
+            for name, value in zip(COLLECTIVES, (summed, gathered, scattered)):
+                results[name][r] = value
+        except Exception as error:  # re-raised in the caller's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 class CollectiveCounter(TorchDispatchMode):

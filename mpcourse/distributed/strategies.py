@@ -52,6 +52,13 @@ class DistributedRun:
             sharding_policy(self.param_dtype, self.reduce_dtype)  # validates the dtypes
 
     @property
+    def gradient_dtype(self) -> torch.dtype:
+        """The dtype gradients travel in: the compress hook's (DDP) or `reduce_dtype` (FSDP2)."""
+        if self.strategy == "fsdp2":
+            return self.reduce_dtype
+        return torch.float32 if self.compress == "none" else AUTOCAST_DTYPES[self.compress]
+
+    @property
     def label(self) -> str:
         if self.strategy == "ddp":
             return "DDP fp32 all-reduce" if self.compress == "none" else f"DDP {self.compress} compress hook"

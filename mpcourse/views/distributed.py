@@ -9,7 +9,8 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from mpcourse.distributed.costs import COLLECTIVES, wire_bytes_of_payload
+from mpcourse.distributed.collectives import COLLECTIVES
+from mpcourse.distributed.costs import wire_bytes_of_payload
 from mpcourse.views.diagrams import DTYPE_COLOURS, blank_axes, dtype_colour, dtype_label
 
 if TYPE_CHECKING:
@@ -20,8 +21,6 @@ RANK_TINTS = ("#d4d4d4", "#9a9a9a", "#bcbcbc", "#808080")
 SUM_TINT = "#ffffff"
 #: The hatching of each collective's part of a bar (its fill is the dtype it carries).
 COLLECTIVE_HATCHES = {"all_reduce": "", "all_gather": "//", "reduce_scatter": ".."}
-#: The dtype a DDP compress hook all-reduces in.
-COMPRESSED_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def format_results(results: list[DistributedResult]) -> str:
@@ -82,7 +81,7 @@ def wire_dtypes(run: DistributedRun) -> dict[str, torch.dtype]:
     """The dtype each collective of `run` carries: DDP's all-reduce in FP32 or its hook's 16
     bits, FSDP2's all-gathers in `param_dtype` and its reduce-scatters in `reduce_dtype`."""
     if run.strategy == "ddp":
-        return {"all_reduce": COMPRESSED_DTYPES[run.compress]}
+        return {"all_reduce": run.gradient_dtype}
     return {"all_gather": run.param_dtype, "reduce_scatter": run.reduce_dtype}
 
 
