@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mpcourse.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
                                       CATEGORY_PROMOTE, CHECKS_DTYPES_FIRST, RUNS_AS,
@@ -41,7 +42,7 @@ from mpcourse.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_
                                       policy_for, registered_ops)
 from mpcourse.precision import short_name
 
-__all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "policy_for",
+__all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "call_path", "policy_for",
            "registered_ops", "explain_op", "dispatched_as", "AutocastPolicy", "OpExplanation",
            "CATEGORIES", "CATEGORY_LOWER_PRECISION", "CATEGORY_FP32", "CATEGORY_PROMOTE",
            "RUNS_AS"]
@@ -128,8 +129,9 @@ class autocast:
 
     Mirrors `torch.autocast(device_type, dtype, enabled, cache_enabled)`: the same tables, the same
     casts, nesting and `enabled=False` regions, and a weight cache that casts each float32 leaf
-    parameter once per region and is emptied when the outermost region exits. With `trace=True`,
-    `self.trace` records every op the region ran (see `Trace`).
+    parameter once per region (not under `torch.inference_mode`, where torch keeps no cache) and
+    is emptied when the outermost region exits. Like torch's, the state is per thread. With
+    `trace=True`, `self.trace` records every op the region ran (see `Trace`).
     """
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
@@ -215,15 +217,19 @@ def _cast(t: torch.Tensor, target: torch.dtype, region: _Region, casts: list[Cas
     if not _eligible(t, region.policy.device_type) or t.dtype == target:
         return t
     cacheable = (region.cache_enabled and target == region.dtype and t.dtype == torch.float32
-                 and t.requires_grad and t.is_leaf and not t._is_view())
+                 and t.requires_grad and t.is_leaf and not t._is_view()
+                 and not torch.is_inference_mode_enabled())  # as torch: no cache there
     key = (id(t), target)
     if cacheable and key in _state.cache:
         out = _state.cache[key][1]
         casts.append(Cast(t.dtype, target, out.nelement() * out.element_size(), cached=True))
         return out
-    out = t.to(target)
     if cacheable:
+        with torch.enable_grad():  # a copy made under no_grad keeps its grad_fn for later uses
+            out = t.to(target)
         _state.cache[key] = (t, out)  # holding `t` keeps its id from being reused
+    else:
+        out = t.to(target)
     casts.append(Cast(t.dtype, target, out.nelement() * out.element_size(), cached=False))
     return out
 
@@ -334,6 +340,48 @@ def profiled_casts(fn: Callable[[], object]) -> Counter:
                 caller = caller.cpu_parent
             counts[caller.name if caller else None, tuple(event.input_shapes[0])] += 1
     return counts
+
+
+@dataclass(frozen=True)
+class Call:
+    """One torch call as seen at `level`: "python" (a `__torch_function__` mode) or "kernel"."""
+    level: str
+    op: str
+    input_dtypes: tuple[torch.dtype, ...]
+    output_dtype: torch.dtype
+
+
+def call_path(fn: Callable[[], object]) -> list[Call]:
+    """Run `fn` and record each torch call at both ends of its path, in call order.
+
+    "python": what Python hands to `__torch_function__` modes (where `mpcourse.autocast` works);
+    "kernel": what the dispatcher hands on below its Autocast and Autograd keys (where a
+    `TorchDispatchMode` works). Under `torch.autocast`, the casts show only at the kernel level.
+    """
+    calls: list[Call | None] = []
+
+    def record(level, func, args, kwargs):
+        index = len(calls)
+        calls.append(None)  # an outer call goes before the calls it makes
+        out = func(*args, **(kwargs or {}))
+        outputs = _tensors(out if isinstance(out, (list, tuple)) else (out,))
+        if outputs:  # calls that return no tensor (.dtype, .numel()) are left out
+            name = _op_name(func) if level == "python" else func.overloadpacket.__name__
+            calls[index] = Call(level, name, tuple(t.dtype for t in _tensors(args)),
+                                outputs[0].dtype)
+        return out
+
+    class PythonLevel(TorchFunctionMode):
+        def __torch_function__(self, func, types_, args=(), kwargs=None):
+            return record("python", func, args, kwargs)
+
+    class KernelLevel(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            return record("kernel", func, args, kwargs)
+
+    with PythonLevel(), KernelLevel():
+        fn()
+    return [c for c in calls if c is not None]
 
 
 @contextlib.contextmanager

@@ -658,3 +658,77 @@ def test_op_categories_and_explainers_have_names_no_format_shares():
     assert mpcourse.explain_op is explain_op and mpcourse.explain_value is not explain_op
     assert CATEGORIES == (CATEGORY_LOWER_PRECISION, CATEGORY_FP32, CATEGORY_PROMOTE)
     assert mpcourse.FP32.name == CATEGORY_FP32 == "fp32"   # same word, different things
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference, threads and the path of one call.
+
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode", "requires_grad_false"])
+def test_weight_cache_under_inference_casts_like_torch(grad_mode):
+    """torch keeps no cache under inference_mode, nor for weights that do not require grad."""
+    layer, x = nn.Linear(8, 8), torch.randn(4, 8)
+    if grad_mode == "requires_grad_false":
+        layer.requires_grad_(False)
+    context = torch.inference_mode if grad_mode == "inference_mode" else torch.no_grad
+
+    def forward(region):
+        with context(), region:
+            return layer(layer(layer(x)))
+
+    theirs = _to_copy_count(lambda: forward(torch.autocast("cpu")))
+    region = mpcourse.autocast("cpu", trace=True)
+    ours = _to_copy_count(lambda: forward(region))
+    assert ours == theirs == sum(n for n, _ in region.trace.casts().values())
+    assert theirs == (3 if grad_mode == "no_grad" else 7)  # x once; weight and bias 1 or 3 times
+
+
+@pytest.mark.parametrize("region", [lambda: torch.autocast("cpu"), lambda: mpcourse.autocast("cpu")],
+                         ids=["torch", "mpcourse"])
+def test_a_weight_cast_cached_under_no_grad_still_carries_its_gradient(region):
+    layer, x = nn.Linear(4, 4), torch.randn(2, 4)
+    with region():
+        with torch.no_grad():
+            layer(x)  # fills the cache
+        y = layer(x)  # reuses the cached copy with grad enabled
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("region", [lambda: torch.autocast("cpu"), lambda: mpcourse.autocast("cpu")],
+                         ids=["torch", "mpcourse"])
+def test_a_region_does_not_reach_another_thread(region):
+    import threading
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+    seen = {}
+
+    def matmul(where):
+        seen[where] = torch.mm(a, b).dtype
+
+    with region():
+        worker = threading.Thread(target=matmul, args=("thread",))
+        worker.start()
+        worker.join()
+        matmul("main")
+    assert seen == {"main": torch.bfloat16, "thread": torch.float32}
+
+
+def test_call_path_shows_where_each_autocast_casts():
+    from mpcourse.autocast import call_path
+    a, w = torch.randn(2, 3), torch.randn(3, 4, requires_grad=True)
+
+    def mm_under(region):
+        def run():
+            with region:
+                torch.mm(a, w)
+        return [(c.level, c.op, c.input_dtypes, c.output_dtype) for c in call_path(run)]
+
+    f32, b16 = torch.float32, torch.bfloat16
+    cast = ("kernel", "_to_copy", (f32,), b16)
+    assert mm_under(torch.autocast("cpu")) == [("python", "mm", (f32, f32), b16), cast, cast,
+                                               ("kernel", "mm", (b16, b16), b16)]
+    python_cast = ("python", "to", (f32,), b16)
+    assert mm_under(mpcourse.autocast("cpu")) == [python_cast, cast, python_cast, cast,
+                                                  ("python", "mm", (b16, b16), b16),
+                                                  ("kernel", "mm", (b16, b16), b16)]
+    assert mm_under(torch.autocast("cpu", enabled=False)) == [
+        ("python", "mm", (f32, f32), f32), ("kernel", "mm", (f32, f32), f32)]

@@ -34,8 +34,9 @@ _CATEGORY_LABELS = {"lower_precision": "lower_precision", "fp32": "fp32 list",
 def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
     """One block per op of `trace`, in call order, filled with the colour of its output dtype.
 
-    Each block names the op and its autocast category ("no entry": the op runs in whatever
-    dtype its inputs have); a number in the corner counts the casts autocast put in front of it.
+    Each block names the op, its autocast category ("no entry": the op runs in whatever dtype
+    its inputs have) and the dtypes it received; the corner counts the casts autocast put in
+    front of it (copies the weight cache served are not counted).
     """
     if not isinstance(trace, Trace) or not trace:
         raise ValueError("trace must be a non-empty mpcourse.autocast Trace, from "
@@ -52,17 +53,22 @@ def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
         ax.add_patch(Rectangle((x, y), 1.4, 0.95, facecolor=colour + "55", edgecolor=colour,
                                linewidth=2, gid=f"op{i}"))
         name = record.op if len(record.op) <= 17 else record.op[:16] + "…"
-        ax.text(x + 0.7, y + 0.32, name, ha="center", va="center", fontsize=8.5,
+        ax.text(x + 0.7, y + 0.3, name, ha="center", va="center", fontsize=8.5,
                 fontweight="bold")
-        ax.text(x + 0.7, y + 0.7, _CATEGORY_LABELS[record.category], ha="center", va="center",
+        ax.text(x + 0.7, y + 0.55, _CATEGORY_LABELS[record.category], ha="center", va="center",
                 fontsize=8, style="italic", color="#333333")
+        inputs = ",".join(dtype_label(d) for d in record.input_dtypes)
+        ax.text(x + 0.7, y + 0.8, f"in: {inputs}", ha="center", va="center", fontsize=7.5,
+                color="#333333", gid=f"inputs{i}")
         casts = sum(not c.cached for c in record.casts)
         if casts:
-            ax.text(x + 1.36, y + 0.05, f"{casts}↓", ha="right", va="top", fontsize=7.5)
+            ax.text(x + 1.36, y + 0.04, f"{casts} cast{'s' * (casts > 1)}", ha="right",
+                    va="top", fontsize=7, gid=f"casts{i}")
     present = [n for n in DTYPE_COLOURS if any(dtype_label(r.output_dtype) == n for r in trace)]
     dtype_legend(ax, present, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(present))
     ax.set_title((title + "\n" if title else "") + "each op in call order, coloured by the dtype "
-                 "it produced; n↓ = casts autocast inserted", fontsize=10, pad=28)
+                 "it produced; 'in': the dtypes it received; corner: casts autocast inserted",
+                 fontsize=10, pad=28)
     fig.tight_layout()
     return fig
 
