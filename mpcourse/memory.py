@@ -309,12 +309,3 @@ def largest_batch(memory_bytes: int, d_model: int, n_layers: int, seq_len: int, 
         raise ValueError(f"a batch of this model needs no memory (d_model={d_model}, "
                          f"seq_len={seq_len}), so any batch fits")
     return max(0, (memory_bytes - fixed) // per_sample)
-
-
-def __getattr__(name: str):
-    """Transition (issue 16): `mpcourse.train` still imports `measure_peak_memory` from here; it
-    lives in `mpcourse.memory_measure`. Remove this once the training loop imports from there."""
-    if name == "measure_peak_memory":
-        from mpcourse import memory_measure
-        return memory_measure.measure_peak_memory
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

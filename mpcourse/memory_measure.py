@@ -211,7 +211,9 @@ def measure_saved_activations(model: torch.nn.Module, *inputs,
 class PeakMemory:
     """The peak memory of one call, what it was made of, and what the measurement could not see.
 
-    `largest` (CPU only): each kind of tensor at its own largest during the call. The kinds do not
+    CPU only: `largest` holds each kind of tensor at its own largest during the call, and
+    `timeline` the bytes of each kind after every event watched (a tensor saved or freed for
+    backward, a gradient accumulated, an optimizer step), parameters included. The kinds do not
     peak together: gradients appear in backward while the saved tensors are being freed.
     """
     device: str
@@ -219,6 +221,7 @@ class PeakMemory:
     parts: dict[str, int] = field(default_factory=dict)
     unseen: str = ""
     largest: dict[str, int] = field(default_factory=dict)
+    timeline: tuple[dict[str, int], ...] = ()
 
     @property
     def mb(self) -> float:
@@ -245,12 +248,14 @@ class _LiveBytes:
 
     def __init__(self, model: torch.nn.Module | None, optimizer):
         self.parameters = list(model.parameters()) if model is not None else []
+        self.parameter_bytes = _tensor_bytes(self.parameters)
         self.optimizer = optimizer
         self.ignored = _model_storages(model) if model is not None else set()  # counted as parameters
         self.live: dict[tuple, list] = {}  # saved storage -> [bytes, number of saves holding it]
         self.saved = 0
         self.at_peak = {"gradients": 0, "optimizer state": 0, "saved for backward": 0}
         self.largest = dict(self.at_peak)
+        self.timeline: list[dict[str, int]] = []
 
     def now(self) -> dict[str, int]:
         state = [v for s in (self.optimizer.state.values() if self.optimizer is not None else ())
@@ -260,6 +265,7 @@ class _LiveBytes:
 
     def observe(self, *_):
         now = self.now()
+        self.timeline.append({"parameters": self.parameter_bytes, **now})
         self.largest = {kind: max(self.largest[kind], size) for kind, size in now.items()}
         if sum(now.values()) > sum(self.at_peak.values()):
             self.at_peak = now
@@ -283,6 +289,7 @@ class _LiveBytes:
         if entry[1] == 0:
             self.saved -= entry[0]
             del self.live[key]
+            self.observe()
 
     def hooks(self) -> list:
         """Hook handles that make every gradient accumulation and optimizer step observed."""
@@ -337,12 +344,13 @@ def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | No
         for handle in handles:
             handle.remove()
     watch.observe()
-    parts = {"parameters": _tensor_bytes(watch.parameters), **watch.at_peak}
+    parts = {"parameters": watch.parameter_bytes, **watch.at_peak}
     return PeakMemory("cpu", sum(parts.values()), parts,
                       "temporaries that live inside one op or between ops (e.g. the logits), "
                       "autocast's weight cache beyond what backward saves, the input batch, "
                       "and allocator overhead; without model= and optimizer= only the saved "
-                      "tensors are counted", largest=watch.largest)
+                      "tensors are counted", largest=watch.largest,
+                      timeline=tuple(watch.timeline))
 
 
 def find_largest_batch(fits: Callable[[int], bool], limit: int = 2**16) -> int:

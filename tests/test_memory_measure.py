@@ -112,6 +112,23 @@ def test_cpu_peak_is_the_largest_moment_not_the_sum_of_each_kinds_largest():
     assert peak.peak < peak.parts["parameters"] + sum(peak.largest.values())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU accounting path")
+def test_cpu_timeline_follows_the_step_and_holds_the_peak():
+    layer = nn.Linear(16, 16)
+    optimizer = torch.optim.Adam(layer.parameters())
+    x = torch.randn(64, 16)
+    peak = measure_peak_memory(lambda: _adam_step(layer, optimizer, x), model=layer,
+                               optimizer=optimizer)
+    n_bytes = layer.weight.nbytes + layer.bias.nbytes
+    first, last = peak.timeline[0], peak.timeline[-1]
+    assert first == {"parameters": n_bytes, "gradients": 0, "optimizer state": 0,
+                     "saved for backward": 0}
+    assert last["gradients"] == 0 and last["optimizer state"] > 0   # zero_grad freed them
+    assert max(sum(moment.values()) for moment in peak.timeline) == peak.peak
+    assert max(moment["saved for backward"] for moment in peak.timeline) == x.nbytes
+    assert {m["gradients"] for m in peak.timeline} >= {layer.bias.nbytes, n_bytes}  # one by one
+
+
 # --- the batch search ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("edge", [1, 2, 3, 37, 64, 1000])
@@ -127,9 +144,9 @@ def test_find_largest_batch_bisects_to_the_edge(edge):
     assert find_largest_batch(lambda b: False) == 0
 
 
-def test_memory_lends_measure_peak_memory_only_while_the_training_loop_imports_it_from_there():
-    assert memory.measure_peak_memory is memory_measure.measure_peak_memory
-    for moved in ("measure_saved_activations", "SavedActivations", "find_largest_batch",
-                  "plot_layouts"):
+def test_measurement_lives_only_in_memory_measure():
+    assert "measure_peak_memory" in memory_measure.__all__
+    for moved in ("measure_peak_memory", "measure_saved_activations", "SavedActivations",
+                  "find_largest_batch", "plot_layouts"):
         with pytest.raises(AttributeError, match=f"no attribute '{moved}'"):
             getattr(memory, moved)
