@@ -84,6 +84,9 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
         start_step = load_checkpoint(checkpoint_path, config, run.model, run.optimizer, run.scaler,
                                      result)
 
+    # Memory is measured on the run's second step: the first with the optimizer's state, as in
+    # every later step (the first step creates Adam's moments only at its very end).
+    measured_step = min(start_step + 1, config.steps - 1)
     started = time.perf_counter()
     try:
         with _matmul_precision(config.precision, device.type):
@@ -93,7 +96,7 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
                 run_step = lambda: outcome.extend(_train_step(run, step, config, result))  # noqa: E731
                 synchronize(device)
                 begin = time.perf_counter()
-                if step == start_step and device.type != "cuda" and config.cpu_memory_accounting:
+                if step == measured_step and device.type != "cuda" and config.cpu_memory_accounting:
                     peak = measure_peak_memory(run_step, model=run.model, optimizer=run.optimizer)
                     _record_cpu_memory(result, peak, run.model, run.optimizer)
                 else:
@@ -200,16 +203,15 @@ def _record(result: RunResult, info: StepInfo, timed: bool) -> None:
 def _record_cpu_memory(result: RunResult, peak, model: GPT, optimizer) -> None:
     """The CPU has no allocator counter: add up what the step held at its peak.
 
-    `peak` saw the parameters, the optimizer state and the most bytes saved for backward at
-    once; the gradients (freed by `zero_grad` before it looked) and the FP32 masters with their
-    gradients are added here.
+    `peak` is the moment the parameters, their gradients, the optimizer state and the tensors
+    saved for backward added up to the most; the FP32 masters and their gradients, which the
+    optimizer keeps outside the model, are added here.
     """
-    gradients = sum(p.nbytes for p in model.parameters())
     masters = optimizer.master_parameters() if isinstance(optimizer, MasterWeightOptimizer) else []
-    result.peak_memory_bytes = peak.peak + gradients + sum(2 * m.nbytes for m in masters)
-    result.memory_measured_by = ("tensor accounting on the first step: parameters, gradients, "
-                                 "optimizer state, FP32 masters, and the most bytes saved for "
-                                 "backward at once")
+    result.peak_memory_bytes = peak.peak + sum(2 * m.nbytes for m in masters)
+    result.memory_measured_by = ("tensor accounting on the second step: the moment parameters, "
+                                 "gradients, optimizer state and saved tensors added up to the "
+                                 "most, plus the FP32 masters and their gradients")
 
 
 @torch.no_grad()
