@@ -111,11 +111,11 @@ class _Region:
 
 
 class _State(threading.local):
-    """Like torch's autocast state, per thread: the open regions, the weight cache, the mode.
+    """Per thread, like torch's enabled flag and dtype: the open regions, the cache, the mode.
 
-    The cache maps (id of a float32 leaf, target dtype) to (the leaf, its cast copy). torch keys
-    its cache by the tensor alone, so a nested region with another dtype gets the outer region's
-    copy and its matmul fails on mixed dtypes; keying by dtype too avoids that.
+    The cache maps (id of a float32 leaf, target dtype) to (the leaf, its cast copy). torch keeps
+    one cache per process, keyed by the tensor alone, so a nested region or another thread with
+    another dtype gets the first copy and its matmul fails on mixed dtypes; this cache does not.
     """
 
     def __init__(self) -> None:

@@ -732,3 +732,29 @@ def test_call_path_shows_where_each_autocast_casts():
                                                   ("kernel", "mm", (b16, b16), b16)]
     assert mm_under(torch.autocast("cpu", enabled=False)) == [
         ("python", "mm", (f32, f32), f32), ("kernel", "mm", (f32, f32), f32)]
+
+
+def test_torch_shares_its_weight_cache_between_threads_and_ours_does_not():
+    """torch 2.13: one cache per process, keyed by tensor; a thread gets another's BF16 copy."""
+    import threading
+    left, shared = torch.randn(2, 3), torch.randn(3, 4, requires_grad=True)
+    seen = {}
+
+    def fp16_matmul(region, name, **kwargs):
+        with region("cpu", dtype=torch.float16, **kwargs):
+            try:
+                seen[name] = torch.mm(left, shared).dtype
+            except RuntimeError as error:
+                seen[name] = str(error)
+
+    for region in (torch.autocast, mpcourse.autocast):
+        with region("cpu", dtype=torch.bfloat16):
+            torch.mm(left, shared)  # caches a BF16 copy of `shared`
+            for name, kwargs in ((region.__module__, {}), (region.__module__ + " no cache",
+                                                            {"cache_enabled": False})):
+                worker = threading.Thread(target=fp16_matmul, args=(region, name), kwargs=kwargs)
+                worker.start()
+                worker.join()
+    assert "same dtype" in seen["torch.amp.autocast_mode"]
+    assert seen["torch.amp.autocast_mode no cache"] == torch.float16
+    assert seen["mpcourse.autocast"] == seen["mpcourse.autocast no cache"] == torch.float16
