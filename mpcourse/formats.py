@@ -201,13 +201,3 @@ ALL_FORMATS = FORMATS + (FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP8_E8M0, FP6_E2M3, FP6_E3M
 # and memory, so torch has no dtype for it, and it stays out of FORMATS and ALL_FORMATS, whose
 # tables and plots show the formats a tensor is stored in.
 TF32 = FloatFormat("tf32", 8, 10)
-
-
-def __getattr__(name: str):
-    """Transition (issue 16): lessons 04, 07, 09, 10, 11, `views.diagrams`, tests/test_clinic.py
-    and tests/test_stochastic.py still import `neighbours` and `grid` from here; they live in
-    `mpcourse.inspect_value`. Remove this once those files import from there."""
-    if name in ("neighbours", "grid"):
-        from mpcourse import inspect_value
-        return getattr(inspect_value, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
