@@ -25,12 +25,13 @@ LESSONS = (
            "parameters, activations, gradients and optimizer state per layout", "any"),
     Lesson("03", "Autocast from scratch", "03_autocast.ipynb",
            "how autocast picks a precision for each operation", "any",
-           also_needs="Python context managers and classes with special methods: it builds "
-                      "autocast on torch's TorchFunctionMode and reads torch's dispatcher tables"),
+           also_needs="Python context managers, classes with special methods and threads: it "
+                      "builds autocast on torch's TorchFunctionMode and reads torch's dispatcher "
+                      "tables (both taught in the lesson)"),
     Lesson("04", "FP32 master weights", "04_master_weights.ipynb",
            "why small updates vanish in 16 bits and how a master copy keeps them", "any"),
     Lesson("05", "Loss scaling", "05_loss_scaling.ipynb",
-           "gradient underflow and the dynamic loss scaler", "any"),
+           "gradient underflow, the dynamic loss scaler and the AMP recipe", "any"),
     Lesson("06", "The mixed-precision training lab", "06_training_lab.ipynb",
            "training a transformer with every precision switch, measured", "cuda"),
     Lesson("07", "FP8 with per-tensor scaling", "07_fp8.ipynb",
