@@ -138,6 +138,13 @@ def test_autocast_blocks_are_coloured_by_the_traced_dtypes():
     linears = [i for i, r in enumerate(region.trace) if r.op == "linear"]
     assert linears and all(patches[f"op{i}"].get_edgecolor()[:3] ==
                            pytest.approx(to_rgb(diagrams.DTYPE_COLOURS["bf16"])) for i in linears)
+    labels = texts_by_gid(fig)
+    for i, record in enumerate(region.trace):
+        names = ",".join(diagrams.dtype_label(d) for d in record.input_dtypes)
+        assert labels[f"inputs{i}"] == f"in: {names}"
+        casts = sum(not c.cached for c in record.casts)   # casts autocast made for this op
+        assert labels.get(f"casts{i}", "0 casts").split()[0] == str(casts)
+    assert sum(f"casts{i}" in labels for i in linears) == len(linears)   # each linear casts
 
 
 def test_autocast_blocks_rejects_what_is_not_a_trace():
