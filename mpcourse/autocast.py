@@ -22,9 +22,6 @@ well as by tensor (see `_State`).
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import threading
 import types
 import warnings
@@ -40,6 +37,7 @@ from mpcourse.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_
                                       CATEGORY_PROMOTE, CHECKS_DTYPES_FIRST, RUNS_AS,
                                       AutocastPolicy, OpExplanation, dispatched_as, explain_op,
                                       policy_for, registered_ops)
+from mpcourse.performance import native_stderr_silenced
 from mpcourse.precision import short_name
 
 __all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "call_path", "policy_for",
@@ -327,7 +325,7 @@ def profiled_casts(fn: Callable[[], object]) -> Counter:
     Every dtype conversion, whether autocast's or type promotion's, is an `aten::to` that copies
     through `aten::_to_copy`; the op that called it says who asked for the cast.
     """
-    with _native_stderr_silenced(), warnings.catch_warnings():
+    with native_stderr_silenced(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                     record_shapes=True) as prof:
@@ -382,17 +380,3 @@ def call_path(fn: Callable[[], object]) -> list[Call]:
     with PythonLevel(), KernelLevel():
         fn()
     return [c for c in calls if c is not None]
-
-
-@contextlib.contextmanager
-def _native_stderr_silenced():
-    """The profiler's C++ side logs start/stop lines straight to file descriptor 2."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)

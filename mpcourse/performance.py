@@ -19,13 +19,15 @@ The model is a bound, not a prediction: real kernels reach perhaps 60 to 90% of 
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from mpcourse.autocast import _native_stderr_silenced
 from mpcourse.precision import dtype_name
 
 
@@ -211,7 +213,7 @@ def kernels_that_ran(fn: Callable[[], object]) -> list[KernelCall]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         with torch.profiler.profile(activities=activities, record_shapes=True) as profile:
             fn()
             if torch.cuda.is_available():
@@ -229,3 +231,18 @@ def kernels_that_ran(fn: Callable[[], object]) -> list[KernelCall]:
 
 # Which of a matmul op's floating-point tensor inputs are A and B (addmm's first is the bias).
 _MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1)}
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """Nothing reaches file descriptor 2 inside: torch.profiler's C++ side logs its start and
+    stop lines there, which would land on a lesson's stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
