@@ -186,7 +186,9 @@ def test_failing_tests_say_why(graded):
     assert partial["fp32_ten_million"]["passed"] and not partial["fp16_ten_million"]["passed"]
     assert "20,000,000" in partial["fp16_ten_million"]["reason"]
     fakes = {t["id"]: t["reason"] for t in submissions["ex09_fakes_checks"]["tests"]}
-    assert "the solution's" in fakes["loop_b_clip_order"], fakes
+    # a test that fails beside the learner's code gives its own hint first (the faked checks did
+    # not fool this one); tests the fakes do fool are caught by the logs (test_hostile_submission_scores_its_honest_work_with_a_reason)
+    assert fakes["loop_b_clip_order"].startswith("after 30 steps your weights differ"), fakes
 
 
 def test_hidden_tests_do_not_leak_through_reasons(graded):
