@@ -107,15 +107,13 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_distributed(args: argparse.Namespace, config) -> int:
     """`mpcourse train --nproc N`: the run on N local processes through torchrun (lesson 08)."""
-    import dataclasses
     from mpcourse.distributed import check_nproc, launch, run_for_precision
     from mpcourse.views.distributed import format_results
     try:
         if args.resume:
             raise ValueError("--resume works for single-process runs only; drop --nproc or --resume")
         run = run_for_precision(config.precision)
-        if run.strategy == "fsdp2":  # the policy's param_dtype is the precision: no autocast, no scaler
-            config = dataclasses.replace(config, precision="fp32", loss_scaling="off")
+        config = run.fitted(config)
         check_nproc(args.nproc, config.resolved_device().type)
         print(f"{run.label} on {args.nproc} processes, {config.steps} steps (started by torchrun) ...")
         results = launch([run], config, nproc=args.nproc, timeout_s=None)

@@ -15,7 +15,7 @@ from functools import lru_cache
 import torch
 
 from mpcourse.course import LESSONS, Lesson
-from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS
+from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS, autocast_dtype
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,7 @@ def predict_autocast_speed(report: HardwareReport, dtype: str = "bf16") -> Speed
     AVX512-BF16/AMX (or AVX512-FP16) on a CPU. Elsewhere each 16-bit value is converted to FP32
     and back around every operation, which costs more than doing the whole thing in FP32.
     """
-    if dtype not in AUTOCAST_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(AUTOCAST_DTYPES)}, got {dtype!r}")
+    autocast_dtype(dtype)  # a 16-bit precision autocast computes in, or ValueError
     support = report.precisions[dtype]
     if support.accelerated:
         reason = f"{dtype} is accelerated here ({support.how}): expect autocast to be faster"

@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpcourse import hardware
+from mpcourse.precision import AUTOCAST_DTYPES
 from mpcourse.train import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
                             RunConfig)
 
-SIXTEEN_BIT = ("bf16", "fp16")
+SIXTEEN_BIT = tuple(AUTOCAST_DTYPES)
 
 
 @dataclass(frozen=True)

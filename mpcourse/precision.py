@@ -15,8 +15,6 @@ RUN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PRECISIONS = RUN_PRECISIONS + ("fp8",)
 #: The 16-bit types autocast computes in, by name.
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: The storage dtype of each run precision's tensors (TF32 is a matmul mode of FP32 tensors).
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, **AUTOCAST_DTYPES}
 
 
 #: The short name the course prints for each floating-point dtype.

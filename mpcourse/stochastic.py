@@ -39,24 +39,6 @@ def stochastic_round(x: torch.Tensor, fmt: FloatFormat = BF16, *,
     return round_to(x, fmt, rounding="stochastic", generator=generator, random_bits=random_bits)
 
 
-@torch.no_grad()
-def sgd_step_stochastic(params: Iterable[torch.Tensor], lr: float,
-                        generator: torch.Generator | None = None) -> None:
-    """Plain SGD on bf16 parameters, computing `p - lr * grad` in FP32 and rounding stochastically.
-
-    The smallest optimizer that shows the idea (lesson 09's case 10): updates far smaller than
-    bf16's spacing still move the weights over many steps, with no FP32 copy kept between steps.
-    `StochasticRoundingOptimizer` does the same for any torch optimizer.
-    """
-    for p in params:
-        if p.dtype != torch.bfloat16:
-            raise ValueError(f"sgd_step_stochastic updates bf16 parameters, got {p.dtype}")
-        if p.grad is None:
-            continue
-        exact = p.float() - lr * p.grad.float()
-        p.copy_(stochastic_round(exact, BF16, generator=generator))
-
-
 class LowPrecisionWeightOptimizer:
     """Run `optimizer_cls` on 16-bit weights through FP32 copies that live only inside `step()`.
 

@@ -1,8 +1,8 @@
 """The lab's control panel: pick the switches, press Run, watch the loss, compare the runs.
 
 The panel is thin: what each control means is decided by `config_from_controls`, what a run
-shows by `mpcourse.train.train` and `mpcourse.views` (`html_table`, `plot_curves`), and the panel's own state
-changes (`ControlPanel.run`) can be driven from a test with `run_button.click()`, no browser.
+shows by `mpcourse.train.train` and `mpcourse.views` (`html_table`, `plot_losses`), and the
+panel's own state changes (`ControlPanel.run`) can be driven from a test with `run_button.click()`, no browser.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import ipywidgets as widgets
 from mpcourse.lab_size import lab_size
 from mpcourse.precision import RUN_PRECISIONS
 from mpcourse.train import AUTOCASTS, RunConfig, RunResult, StepInfo, fit_to_hardware, train
-from mpcourse.views.runs import html_table, plot_curves
+from mpcourse.views.runs import html_table, plot_losses
 
 
 def config_from_controls(base: RunConfig, *, precision: str, loss_scaling: bool,
@@ -133,9 +133,7 @@ class ControlPanel:
     def _draw(self, results: list[RunResult], live: LiveRun | None = None) -> None:
         import matplotlib.pyplot as plt
         from IPython.display import clear_output, display
-        curves = [(r.config.label, r.losses) for r in results] + ([tuple(live)] if live else [])
-        floor = results[0].floor if results else None
-        figure = plot_curves(curves, floor)
+        figure = plot_losses(results, live=live)
         with self.plot:
             clear_output(wait=True)
             display(figure)

@@ -16,8 +16,7 @@ from mpcourse.distributed import (DistributedRun, DistributedRunConfig, check_np
 from mpcourse.models import GPT
 from mpcourse.train import RunConfig, train
 from mpcourse.views.diagrams import DTYPE_COLOURS
-from mpcourse.views.distributed import (collectives_picture, format_results, plot_wire_bytes,
-                                        wire_bytes_per_step)
+from mpcourse.views.distributed import collectives_picture, format_results, plot_wire_bytes
 
 CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=8, steps=10,
                    vocab_size=64, lr=1e-2, device="cpu", loss_scaling="off", grad_clip=None)
@@ -118,16 +117,16 @@ def test_wire_bytes_measured_are_the_ring_formulas(results, num_parameters):
     `wire_bytes` predicts: DDP all-reduces every gradient (in 16 bits under a hook); FSDP2
     gathers each block twice (resharded after forward) but the root unit once (FSDP2 keeps the
     root's parameters after forward), and reduce-scatters every gradient once."""
-    assert wire_bytes_per_step(results["ddp"]) == wire_bytes("ddp", num_parameters, 2)
+    assert results["ddp"].wire_bytes_per_step == wire_bytes("ddp", num_parameters, 2)
     for name in ("ddp_fp16", "ddp_bf16"):
-        assert wire_bytes_per_step(results[name]) == wire_bytes("ddp", num_parameters, 2,
+        assert results[name].wire_bytes_per_step == wire_bytes("ddp", num_parameters, 2,
                                                                 reduce_dtype=torch.bfloat16)
     model = GPT(CONFIG.model_config())
     block = sum(p.numel() for p in model.blocks[0].parameters())
     root = num_parameters - CONFIG.n_layers * block
     blocks = wire_bytes("fsdp2", block, 2)
     kept = wire_bytes("fsdp2", root, 2, reshard_after_forward=False)
-    measured = wire_bytes_per_step(results["fsdp2"])
+    measured = results["fsdp2"].wire_bytes_per_step
     assert measured["all_gather"] == CONFIG.n_layers * (blocks["all_gather_forward"] + blocks["all_gather_backward"]) \
         + kept["all_gather_forward"] + kept["all_gather_backward"]
     assert measured["reduce_scatter"] == CONFIG.n_layers * blocks["reduce_scatter"] + kept["reduce_scatter"]
@@ -142,7 +141,7 @@ def test_plot_wire_bytes_stacks_each_runs_collectives(results):
             for kind in ("all_reduce", "all_gather", "reduce_scatter")}
     for i, result in enumerate(results.values()):
         for kind, heights in bars.items():
-            assert heights[i] == pytest.approx(wire_bytes_per_step(result).get(kind, 0) / 1e3)
+            assert heights[i] == pytest.approx(result.wire_bytes_per_step.get(kind, 0) / 1e3)
     # each part is filled with the dtype it carried: hooks' 16 bits, FSDP2's bf16 gathers, fp32 reduction
     fill = {kind: [to_hex(p.get_facecolor()) for p in fig.axes[0].patches if p.get_gid() == kind]
             for kind in bars}

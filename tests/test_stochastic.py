@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from mpcourse.formats import BF16, FP16, round_to
 from mpcourse.inspect_value import neighbours
 from mpcourse.master import MasterWeightOptimizer
-from mpcourse.stochastic import StochasticRoundingOptimizer, sgd_step_stochastic, stochastic_round
+from mpcourse.stochastic import StochasticRoundingOptimizer, stochastic_round
 
 
 def _reference(x: torch.Tensor, fmt, r: torch.Tensor) -> torch.Tensor:
@@ -134,16 +134,17 @@ def test_rejects_weights_it_cannot_round():
         StochasticRoundingOptimizer([], torch.optim.SGD, lr=1)
 
 
-def test_sgd_step_stochastic_rounds_to_a_neighbour_and_is_right_on_average():
+def test_stochastic_sgd_rounds_to_a_neighbour_and_is_right_on_average():
     weight = torch.nn.Parameter(torch.ones(20_000, dtype=torch.bfloat16))
     weight.grad = torch.full_like(weight, 1.0)
-    sgd_step_stochastic([weight], lr=1e-3, generator=torch.Generator().manual_seed(0))
+    StochasticRoundingOptimizer([weight], torch.optim.SGD, lr=1e-3,
+                                generator=torch.Generator().manual_seed(0)).step()
     values = set(weight.detach().float().unique().tolist())
     assert values == {neighbours(0.999, BF16)[0], 1.0}, values
     assert weight.detach().double().mean().item() == pytest.approx(0.999, abs=2e-4)
     assert weight.dtype == torch.bfloat16
     untouched = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))  # no gradient: left alone
-    sgd_step_stochastic([untouched], lr=1e-3)
+    StochasticRoundingOptimizer([untouched], torch.optim.SGD, lr=1e-3).step()
     assert torch.equal(untouched.detach(), torch.ones(3, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="float32"):
-        sgd_step_stochastic([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+        StochasticRoundingOptimizer([torch.nn.Parameter(torch.ones(2))], torch.optim.SGD, lr=0.1)

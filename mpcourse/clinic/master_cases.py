@@ -15,7 +15,7 @@ from torch import nn
 from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, tiny_mlp
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.scaling import GradScaler
-from mpcourse.stochastic import sgd_step_stochastic
+from mpcourse.stochastic import StochasticRoundingOptimizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,22 +87,18 @@ def _bf16_regression(update: str, steps: int, lr: float, n: int = 32):
     y = x @ w_true
     weight = nn.Parameter(w_init.bfloat16())
     start = weight.detach().clone()
-    optimizer = None
     if update == "bf16":
         optimizer = torch.optim.SGD([weight], lr=lr)
     elif update == "master":
         optimizer = MasterWeightOptimizer([weight], torch.optim.SGD, lr=lr)
-    rounding = torch.Generator().manual_seed(11)
+    else:
+        optimizer = StochasticRoundingOptimizer([weight], torch.optim.SGD, lr=lr,
+                                                generator=torch.Generator().manual_seed(11))
     for _ in range(steps):
         loss = F.mse_loss((x.bfloat16() @ weight).float(), y)
-        weight.grad = None
-        if optimizer is not None:
-            optimizer.zero_grad()
+        optimizer.zero_grad()
         loss.backward()
-        if update == "stochastic":
-            sgd_step_stochastic([weight], lr, rounding)
-        else:
-            optimizer.step()
+        optimizer.step()
     never_moved = (weight.detach() == start).float().mean().item()
     final = F.mse_loss(x @ weight.detach().float(), y).item()
     initial = F.mse_loss(x @ start.float(), y).item()

@@ -6,8 +6,8 @@
   the one training loop of `mpcourse.train`;
 - `collectives`: what each collective leaves on each rank (`collective_results`, gloo's own),
   and `CollectiveCounter`, the bytes a rank hands to each;
-- `costs`: what each collective leaves on each rank (gloo on threads), memory per rank, the
-  bytes each rank sends per step, and a simulated 16-bit reduction, without launching;
+- `costs`: memory per rank, the bytes each rank sends per step, and a simulated 16-bit
+  reduction, without launching;
 - `launch`: `launch(runs, config, nproc)` starts `nproc` local processes through torchrun,
   and brings back each run's losses, bytes per collective and memory per rank;
 - `worker`: what each of those processes runs.

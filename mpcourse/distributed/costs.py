@@ -42,12 +42,7 @@ def memory_per_rank(strategy: str, num_parameters: int, world_size: int, largest
     one unit of `largest_unit` parameters computes, its all-gathered copy in `param_dtype` and
     its gradients in `reduce_dtype` on their way to the reduce-scatter.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    check = {"num_parameters": num_parameters, "world_size": world_size}
-    for name, value in check.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_shape(strategy, num_parameters, world_size)
     if strategy == "ddp":
         return RankMemory(4 * num_parameters, 4 * num_parameters, 8 * num_parameters, 0, 0)
     sharding_policy(param_dtype, reduce_dtype)  # validates the dtypes
@@ -70,11 +65,7 @@ def wire_bytes(strategy: str, num_parameters: int, world_size: int,
     ceil(N/W) elements per rank; FSDP2 pads each parameter's first dimension to a multiple of
     W instead, which adds a little when a first dimension does not divide by W.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    for name, value in (("num_parameters", num_parameters), ("world_size", world_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_shape(strategy, num_parameters, world_size)
     for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
@@ -114,3 +105,11 @@ def simulated_reduce(gradients: list[torch.Tensor], dtype: torch.dtype) -> torch
     for gradient in gradients[1:]:
         total = total + gradient.to(dtype) / world_size
     return total.float()
+
+
+def _check_shape(strategy: str, num_parameters: int, world_size: int) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    for name, value in (("num_parameters", num_parameters), ("world_size", world_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from mpcourse.distributed.costs import wire_bytes_of_payload
 from mpcourse.distributed.strategies import DistributedRun, DistributedRunConfig
 from mpcourse.train import RunConfig
 
@@ -33,6 +34,13 @@ class DistributedResult:
     def gradient_bytes_per_step(self) -> int:
         """Bytes of gradients this rank sent per step (all-reduce for DDP, reduce-scatter for FSDP2)."""
         return self.bytes_per_step.get("all_reduce", 0) + self.bytes_per_step.get("reduce_scatter", 0)
+
+    @property
+    def wire_bytes_per_step(self) -> dict[str, int]:
+        """The bytes this rank sent per step in each collective, in a ring, from the payloads
+        `CollectiveCounter` measured."""
+        return {kind: wire_bytes_of_payload(kind, payload, self.world_size)
+                for kind, payload in self.bytes_per_step.items()}
 
 
 def check_nproc(nproc: int, device_type: str | None = None) -> int:

@@ -12,13 +12,14 @@ the one training loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from mpcourse.distributed.collectives import CollectiveCounter
 from mpcourse.models import GPT
-from mpcourse.precision import AUTOCAST_DTYPES, dtype_name
+from mpcourse.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, dtype_name
 from mpcourse.train import RunConfig
 
 STRATEGIES = ("ddp", "fsdp2")
@@ -57,6 +58,21 @@ class DistributedRun:
         if self.strategy == "fsdp2":
             return self.reduce_dtype
         return torch.float32 if self.compress == "none" else AUTOCAST_DTYPES[self.compress]
+
+    @property
+    def wire_dtypes(self) -> dict[str, torch.dtype]:
+        """The dtype each collective carries: DDP's all-reduce in FP32 or its hook's 16 bits,
+        FSDP2's all-gathers in `param_dtype` and its reduce-scatters in `reduce_dtype`."""
+        if self.strategy == "ddp":
+            return {"all_reduce": self.gradient_dtype}
+        return {"all_gather": self.param_dtype, "reduce_scatter": self.reduce_dtype}
+
+    def fitted(self, config: RunConfig) -> RunConfig:
+        """`config` with the switches this run decides itself: FSDP2's policy sets the compute
+        precision, so its runs keep `precision="fp32"` and no loss scaler."""
+        if self.strategy == "fsdp2":
+            return dataclasses.replace(config, precision="fp32", loss_scaling="off")
+        return config
 
     @property
     def label(self) -> str:
@@ -115,11 +131,10 @@ def run_for_precision(precision: str) -> DistributedRun:
     distributed mixed precision is usually done: FSDP2 with `param_dtype` set to that type and
     `reduce_dtype=torch.float32`.
     """
-    if precision in ("fp32", "tf32"):
-        return DistributedRun("ddp")
+    if precision not in RUN_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(RUN_PRECISIONS)}")
     if precision not in AUTOCAST_DTYPES:
-        raise ValueError(f"unknown precision {precision!r}; choose one of fp32, tf32, "
-                         + ", ".join(AUTOCAST_DTYPES))
+        return DistributedRun("ddp")
     return DistributedRun("fsdp2", param_dtype=AUTOCAST_DTYPES[precision], reduce_dtype=torch.float32)
 
 

@@ -53,8 +53,7 @@ def fit_to_hardware(config: RunConfig, seconds: float = 20.0) -> RunConfig:
     a 16-bit precision counts as accelerated only if the calibration also measured it fast
     (`hardware.is_fast`): flags promise nothing when torch's kernels do not use them.
     """
-    device_type = config.resolved_device().type
-    support = _device_precisions(device_type)[config.precision]
-    if support.accelerated and (device_type != "cpu" or hardware.is_fast(config.precision)):
+    device = config.resolved_device()
+    if config.accelerated(device, _device_precisions(device.type)[config.precision]):
         return config
     return dataclasses.replace(config, time_limit_s=seconds)

@@ -10,11 +10,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from mpcourse.distributed.collectives import COLLECTIVES
-from mpcourse.distributed.costs import wire_bytes_of_payload
 from mpcourse.views.diagrams import DTYPE_COLOURS, blank_axes, dtype_colour, dtype_label
 
 if TYPE_CHECKING:
-    from mpcourse.distributed import DistributedResult, DistributedRun
+    from mpcourse.distributed import DistributedResult
 
 #: A grey per rank, for where each value came from (greys: the dtype colours keep their meaning).
 RANK_TINTS = ("#d4d4d4", "#9a9a9a", "#bcbcbc", "#808080")
@@ -70,30 +69,16 @@ def collectives_picture(inputs: list[torch.Tensor], results: dict[str, list[torc
     return fig
 
 
-def wire_bytes_per_step(result: DistributedResult) -> dict[str, int]:
-    """The bytes one rank of `result` sent per step in each collective, in a ring, from the
-    payloads `CollectiveCounter` measured."""
-    return {kind: wire_bytes_of_payload(kind, payload, result.world_size)
-            for kind, payload in result.bytes_per_step.items()}
-
-
-def wire_dtypes(run: DistributedRun) -> dict[str, torch.dtype]:
-    """The dtype each collective of `run` carries: DDP's all-reduce in FP32 or its hook's 16
-    bits, FSDP2's all-gathers in `param_dtype` and its reduce-scatters in `reduce_dtype`."""
-    if run.strategy == "ddp":
-        return {"all_reduce": run.gradient_dtype}
-    return {"all_gather": run.param_dtype, "reduce_scatter": run.reduce_dtype}
-
-
 def plot_wire_bytes(results: dict[str, DistributedResult]) -> Figure:
     """Stacked bars: kB each rank sent per step in each collective (hatching), one bar per run,
     each part filled with the colour of the dtype it carried."""
     fig, ax = plt.subplots(figsize=(9, 4))
     names = list(results)
     bottom = [0.0] * len(names)
+    sent = {n: results[n].wire_bytes_per_step for n in names}
     for kind in COLLECTIVES:
-        values = [wire_bytes_per_step(results[n]).get(kind, 0) / 1e3 for n in names]
-        colours = [dtype_colour(wire_dtypes(results[n].run).get(kind)) for n in names]
+        values = [sent[n].get(kind, 0) / 1e3 for n in names]
+        colours = [dtype_colour(results[n].run.wire_dtypes.get(kind)) for n in names]
         ax.bar(names, values, bottom=bottom, color=colours, hatch=COLLECTIVE_HATCHES[kind],
                edgecolor="#333333", linewidth=0.6, gid=kind)
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -107,7 +92,7 @@ def plot_wire_bytes(results: dict[str, DistributedResult]) -> Figure:
     ax.spines[["top", "right"]].set_visible(False)
     kinds = [Patch(facecolor="white", edgecolor="#333333", hatch=COLLECTIVE_HATCHES[k],
                    label=k.replace("_", "-")) for k in COLLECTIVES]
-    carried = {dtype_label(d) for r in results.values() for d in wire_dtypes(r.run).values()}
+    carried = {dtype_label(d) for r in results.values() for d in r.run.wire_dtypes.values()}
     dtypes = [Patch(facecolor=DTYPE_COLOURS[n], edgecolor="#333333", label=n)
               for n in DTYPE_COLOURS if n in carried]
     ax.legend(handles=kinds + dtypes, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,

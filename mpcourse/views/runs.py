@@ -1,6 +1,7 @@
 """Training runs side by side: tables and loss plots of `RunResult`s (lessons 06 to 11)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING
@@ -23,9 +24,6 @@ TABLE_NOTES = {
 class RunComparison:
     """Runs side by side: `str()` is the table, `html()` the same as an HTML table, `plot()`."""
     results: list[RunResult]
-
-    def rows(self) -> list[dict[str, str]]:
-        return table_rows(self.results)
 
     def __str__(self) -> str:
         return format_table(self.results)
@@ -101,11 +99,13 @@ def moving_average(losses: list[float], smooth: int) -> tuple[range, torch.Tenso
     return range(window, window + len(averaged)), averaged
 
 
-def plot_losses(results: list[RunResult], ax=None, smooth: int = 10):
-    """Training-loss curves of the runs (moving average over `smooth` steps), with the floor."""
-    floors = {r.floor for r in results if r.floor == r.floor}
-    return plot_curves([(r.config.label, r.losses) for r in results],
-                       floors.pop() if len(floors) == 1 else None, ax=ax, smooth=smooth)
+def plot_losses(results: list[RunResult], ax=None, smooth: int = 10,
+                live: tuple[str, list[float]] | None = None):
+    """Training-loss curves of the runs (moving average over `smooth` steps), with the floor;
+    `live` is a run still in progress, as (label, losses so far)."""
+    floors = {r.floor for r in results if not math.isnan(r.floor)}
+    curves = [(r.config.label, r.losses) for r in results] + ([tuple(live)] if live else [])
+    return plot_curves(curves, floors.pop() if len(floors) == 1 else None, ax=ax, smooth=smooth)
 
 
 def plot_curves(curves: list[tuple[str, list[float]]], floor: float | None = None, ax=None,
