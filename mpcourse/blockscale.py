@@ -8,13 +8,18 @@ multiplies the scale back in after the matmul. The recipes differ only in
   (DeepSeek-V3, Transformer Engine's Float8BlockScaling), 32 elements (the OCP MX spec),
   16 elements (NVFP4);
 - the scale's own format and rule: an FP32 `amax / element.max` (optionally rounded up to a
-  power of two), the MX spec's E8M0 power of two `2**(floor(log2(amax)) - emax_elem)`, or
-  NVFP4's E4M3 block scale under an FP32 tensor scale `amax_tensor / (448 * 6)`.
+  power of two), an E8M0 power of two by the OCP MX spec's floor rule
+  `2**(floor(log2(amax)) - emax_elem)` or by the round-up rule (torchao's RCEIL, what cuBLAS
+  and Transformer Engine compute) `2**ceil(log2(amax / element.max))`, or NVFP4's E4M3 block
+  scale under an FP32 tensor scale `amax_tensor / (448 * 6)`.
 
 So `BlockScaling` describes a recipe and `quantize(x, recipe)` applies any of them. Here a
 scale is what a block's elements are *multiplied by* to give back the values (the MX spec's X,
 torch._scaled_mm's scale_a), the inverse of lesson 07's `fmt.max / amax`.
 Blocks run along the last dimension, the one a matmul reduces over; leading dimensions are rows.
+A block may also be square (16x16 for NVFP4 weights, 128x128 for DeepSeek-V3's and TE's): then
+the quantized matrix, transposed, is the transpose quantized, so one copy of a weight serves
+the forward pass (W) and the input-gradient pass (W.T).
 """
 from __future__ import annotations
 
@@ -26,10 +31,14 @@ import torch
 from mpcourse.formats import (FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP8_E8M0, FP32,
                               FloatFormat, round_to)
 
-SCALE_RULES = ("amax", "mx_floor")
+#: How a block's scale is made from its amax: "amax" (amax / element.max, in FP32 or E4M3),
+#: "mx_floor" (the OCP MX v1.0 rule) and "mx_rceil" (E8M0 rounded up; torchao's RCEIL).
+SCALE_RULES = ("amax", "mx_floor", "mx_rceil")
+MX_RULES = ("mx_floor", "mx_rceil")
 #: The smallest amax a current FP32 scale is computed from: an all-zero block would otherwise
-#: give a scale of 0 and elements 0/0 = NaN (torchao clamps amax to the same 1e-12; the
-#: missing clamp was a real FP8 training failure, pytorch/ao issue 3356).
+#: give a scale of 0 and elements 0/0 = NaN (torchao's per-tensor FP8 path clamps amax to the
+#: same 1e-12; the missing clamp was a real FP8 training failure, pytorch/ao issue 3356).
+#: NVFP4's tensor scale does not use it: there only amax == 0 is special (as in TE).
 AMAX_FLOOR = 1e-12
 
 
@@ -40,7 +49,9 @@ class BlockScaling:
     `block` is (rows, columns) of one block; None means the whole dimension, so (None, None)
     is one scale per tensor and (1, None) one per row. `scale_format` stores the scales
     (FP32, FP8_E8M0 or FP8_E4M3); `rule` is "amax" (scale = amax / element.max, the scale
-    rounded to scale_format) or "mx_floor" (the MX spec's power of two). `power_of_two` rounds
+    rounded to scale_format), "mx_floor" (the MX spec's power of two, which lets amax / X reach
+    up to 2**(emax + 1) and clip) or "mx_rceil" (the power of two at or above
+    amax / element.max, so nothing clips). `power_of_two` rounds
     FP32 scales up to a power of two (torchao's rowwise recipe, Transformer Engine's block
     recipe), so that dividing by them is exact. `tensor_scale` adds NVFP4's second level: an
     FP32 scale for the whole tensor, under which the block scales are stored in E4M3.
@@ -59,8 +70,9 @@ class BlockScaling:
         if self.scale_format not in (FP32, FP8_E8M0, FP8_E4M3):
             raise ValueError(f"{self.name}: scales are stored in fp32, fp8_e8m0 or fp8_e4m3, "
                              f"got {self.scale_format.name}")
-        if (self.rule == "mx_floor") != (self.scale_format == FP8_E8M0):
-            raise ValueError(f"{self.name}: the mx_floor rule goes with E8M0 scales and only with them")
+        if (self.rule in MX_RULES) != (self.scale_format == FP8_E8M0):
+            raise ValueError(f"{self.name}: the {'/'.join(MX_RULES)} rules go with E8M0 scales "
+                             f"and only with them, got rule {self.rule!r}")
         if self.tensor_scale != (self.scale_format == FP8_E4M3):
             raise ValueError(f"{self.name}: E4M3 block scales need an FP32 tensor scale above "
                              f"them (tensor_scale=True), and only they use one")
@@ -74,19 +86,30 @@ class BlockScaling:
         rows, cols = self.block
         return f"{rows or 'all'} x {cols or 'all'}"
 
+    @property
+    def transposes_exactly(self) -> bool:
+        """Whether quantizing W.T gives the transpose of quantized W: square blocks, or one
+        scale per tensor. Then one quantized weight serves both W and W.T."""
+        return self.block[0] == self.block[1]
+
 
 PER_TENSOR = BlockScaling("per-tensor", FP8_E4M3, (None, None))
 PER_ROW = BlockScaling("per-row", FP8_E4M3, (1, None), power_of_two=True)
 TILE_1x128 = BlockScaling("1x128 tiles", FP8_E4M3, (1, 128))
 BLOCK_128x128 = BlockScaling("128x128 blocks", FP8_E4M3, (128, 128))
 MXFP8_E4M3 = BlockScaling("MXFP8 (E4M3)", FP8_E4M3, (1, 32), FP8_E8M0, "mx_floor")
+MXFP8_E4M3_RCEIL = BlockScaling("MXFP8 (E4M3, RCEIL)", FP8_E4M3, (1, 32), FP8_E8M0, "mx_rceil")
 MXFP8_E5M2 = BlockScaling("MXFP8 (E5M2)", FP8_E5M2, (1, 32), FP8_E8M0, "mx_floor")
 MXFP6_E2M3 = BlockScaling("MXFP6 (E2M3)", FP6_E2M3, (1, 32), FP8_E8M0, "mx_floor")
 MXFP6_E3M2 = BlockScaling("MXFP6 (E3M2)", FP6_E3M2, (1, 32), FP8_E8M0, "mx_floor")
 MXFP4 = BlockScaling("MXFP4", FP4_E2M1, (1, 32), FP8_E8M0, "mx_floor")
+MXFP4_RCEIL = BlockScaling("MXFP4 (RCEIL)", FP4_E2M1, (1, 32), FP8_E8M0, "mx_rceil")
 NVFP4 = BlockScaling("NVFP4", FP4_E2M1, (1, 16), FP8_E4M3, tensor_scale=True)
-RECIPES = (PER_TENSOR, PER_ROW, TILE_1x128, BLOCK_128x128, MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3,
-           MXFP6_E3M2, MXFP4, NVFP4)
+NVFP4_16x16 = BlockScaling("NVFP4 16x16", FP4_E2M1, (16, 16), FP8_E4M3, tensor_scale=True)
+PER_TENSOR_FP4 = BlockScaling("per-tensor FP4", FP4_E2M1, (None, None))
+RECIPES = (PER_TENSOR, PER_ROW, TILE_1x128, BLOCK_128x128, MXFP8_E4M3, MXFP8_E4M3_RCEIL,
+           MXFP8_E5M2, MXFP6_E2M3, MXFP6_E3M2, MXFP4, MXFP4_RCEIL, NVFP4, NVFP4_16x16,
+           PER_TENSOR_FP4)
 
 
 @dataclass(frozen=True)
@@ -107,17 +130,32 @@ class Quantized:
         return self.elements * self.block_scales()
 
 
-def mx_scale(amax: torch.Tensor, element: FloatFormat) -> torch.Tensor:
-    """The OCP MX v1.0 shared scale: 2**(floor(log2(amax)) - emax_elem), as an E8M0 value.
+def mx_scale(amax: torch.Tensor, element: FloatFormat, rule: str = "mx_floor") -> torch.Tensor:
+    """A block's E8M0 shared scale X, a power of two, by one of two rules:
 
-    emax_elem is the exponent of the element format's largest normal (8 for E4M3). The exponent
-    is read exactly, subnormal amax included (torch.frexp, not the float32 exponent field), and
-    clamped to E8M0's range, 2**-127 to 2**127. An all-zero block gets the smallest scale,
-    2**-127 (any scale would do; an infinite one would not); a block holding inf or NaN gets a
-    NaN scale, so the whole block decodes to NaN, as the spec says.
+    - "mx_floor", the OCP MX v1.0 rule: 2**(floor(log2(amax)) - emax_elem), emax_elem being
+      the exponent of the element format's largest normal (8 for E4M3). amax / X lands in
+      [2**emax, 2**(emax + 1)), so elements between element.max and 2**(emax + 1) clip
+      (448 to 512 for E4M3, 6 to 8 for E2M1).
+    - "mx_rceil", round-up (torchao's ScaleCalculationMode.RCEIL, the rule of cuBLAS and
+      Transformer Engine): the smallest power of two at or above amax / element.max, computed
+      in float32. amax / X never passes element.max, so nothing clips; the cost is that
+      amax / X may sit up to a factor of 2 below element.max.
+
+    Exponents are read exactly, subnormal amax included (torch.frexp, not the float32 exponent
+    field), and clamped to E8M0's range, 2**-127 to 2**127. An all-zero block gets the smallest
+    scale, 2**-127 (any scale would do; an infinite one would not); a block holding inf or NaN
+    gets a NaN scale, so the whole block decodes to NaN, as the spec says.
     """
-    _, exponent = torch.frexp(amax.float())          # amax = m * 2**exponent, m in [0.5, 1)
-    power = torch.where(amax > 0, exponent - 1 - element.max_exponent, -127).clamp(-127, 127)
+    if rule not in MX_RULES:
+        raise ValueError(f"unknown MX scale rule {rule!r}; expected one of {MX_RULES}")
+    if rule == "mx_floor":
+        _, exponent = torch.frexp(amax.float())          # amax = m * 2**exponent, m in [0.5, 1)
+        power = exponent - 1 - element.max_exponent
+    else:
+        mantissa, exponent = torch.frexp(amax.float() / element.max)
+        power = exponent - (mantissa == 0.5).int()       # an exact power of two stays
+    power = torch.where(amax > 0, power, -127).clamp(-127, 127)
     scale = torch.ldexp(torch.ones_like(amax, dtype=torch.float32), power)
     return torch.where(amax.isfinite(), scale, torch.full_like(scale, math.nan))
 
@@ -130,6 +168,18 @@ def current_scale(amax: torch.Tensor, recipe: BlockScaling) -> torch.Tensor:
         mantissa, exponent = torch.frexp(scale)
         scale = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).int())
     return scale
+
+
+def nvfp4_tensor_scale(tensor_amax: torch.Tensor, recipe: BlockScaling = NVFP4) -> torch.Tensor:
+    """NVFP4's FP32 tensor scale, amax_tensor / (448 * 6): it maps the tensor's amax to E4M3's
+    largest block scale (448) times FP4's largest element (6), so the block scales use E4M3's
+    range whatever the tensor's magnitude. Only amax == 0 is special (scale 1, as in
+    Transformer Engine): a floor such as 1e-12 would give tiny tensors a tensor scale too large
+    for their blocks, which then fall into E4M3's subnormals or to zero. (Below about
+    4e-42 the quotient underflows float32; it is kept at float32's smallest subnormal.)"""
+    amax = torch.as_tensor(tensor_amax, dtype=torch.float32)
+    scale = (amax / (recipe.scale_format.max * recipe.element.max)).clamp(min=2.0**-149)
+    return torch.where(amax == 0, torch.ones_like(scale), scale)
 
 
 def block_amax(x: torch.Tensor, recipe: BlockScaling) -> torch.Tensor:
@@ -149,12 +199,10 @@ def quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = 
     x2 = _as_matrix(x)
     amax = block_amax(x2, recipe) if amax is None else torch.as_tensor(amax, dtype=torch.float32)
     tensor_scale = torch.ones((), dtype=torch.float32)
-    if recipe.rule == "mx_floor":
-        scales = mx_scale(amax, recipe.element)
+    if recipe.rule in MX_RULES:
+        scales = mx_scale(amax, recipe.element, recipe.rule)
     elif recipe.tensor_scale:
-        # NVFP4: the tensor scale maps the tensor's amax to E4M3's largest block scale (448)
-        # times FP4's largest element (6); each block scale is then stored in E4M3.
-        tensor_scale = amax.max().clamp(min=AMAX_FLOOR) / (recipe.scale_format.max * recipe.element.max)
+        tensor_scale = nvfp4_tensor_scale(amax.max(), recipe)
         scales = round_to(amax / recipe.element.max / tensor_scale, recipe.scale_format)
     else:
         scales = current_scale(amax, recipe)

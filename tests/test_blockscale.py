@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse.blockscale import (AMAX_FLOOR, BLOCK_128x128, MXFP4, MXFP6_E2M3, MXFP8_E4M3,
-                                 MXFP8_E5M2, NVFP4, PER_ROW, PER_TENSOR, RECIPES, TILE_1x128,
-                                 BlockScaling, block_amax, fake_quantize, mx_scale, quantize,
-                                 snr_db)
+from mpcourse.blockscale import (AMAX_FLOOR, BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP6_E2M3,
+                                 MXFP8_E4M3, MXFP8_E4M3_RCEIL, MXFP8_E5M2, NVFP4, NVFP4_16x16,
+                                 PER_ROW, PER_TENSOR, RECIPES, TILE_1x128, BlockScaling,
+                                 block_amax, fake_quantize, mx_scale, nvfp4_tensor_scale,
+                                 quantize, snr_db)
 from mpcourse.formats import FP4_E2M1, FP8_E4M3, FP8_E8M0
 
 MX = (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP4)
@@ -113,7 +114,7 @@ def test_an_all_zero_block_gets_a_finite_nonzero_scale_and_decodes_to_zero(recip
     if recipe is PER_TENSOR or recipe is BLOCK_128x128:
         x = torch.zeros(128, 128)
     q = quantize(x, recipe)
-    assert q.scales.isfinite().all() and (q.scales > 0).all() or recipe is NVFP4
+    assert q.scales.isfinite().all() and ((q.scales > 0).all() or recipe.tensor_scale)
     dequantized = q.dequantize()
     assert dequantized.isfinite().all()
     assert (dequantized[x == 0] == 0).all()
@@ -162,8 +163,9 @@ def test_an_all_zero_tensor_takes_its_scale_from_the_amax_floor_not_from_zero():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(block=(1, 32), scale_format=FP8_E8M0), "mx_floor rule goes with E8M0"),
-    (dict(block=(1, 32), rule="mx_floor"), "mx_floor rule goes with E8M0"),
+    (dict(block=(1, 32), scale_format=FP8_E8M0), "rules go with E8M0 scales and only with them, got rule 'amax'"),
+    (dict(block=(1, 32), rule="mx_floor"), "rules go with E8M0"),
+    (dict(block=(1, 32), rule="mx_rceil"), "rules go with E8M0"),
     (dict(block=(1, 32), rule="floor"), "unknown rule 'floor'"),
     (dict(block=(1, 16), scale_format=FP8_E4M3), "need an FP32 tensor scale"),
     (dict(block=(1, 0)), "positive integer or None"),
@@ -191,3 +193,78 @@ def test_snr_where_counts_only_the_masked_values_next_to_an_outlier():
     by_hand = 10 * math.log10(x[ordinary].double().pow(2).sum() / error[ordinary].double().pow(2).sum())
     assert snr_db(x, recipe, ordinary) == pytest.approx(by_hand, rel=1e-12)
     assert snr_db(x, recipe, ordinary) < 1 < 10 < snr_db(x, recipe)   # the outlier hides the damage
+
+
+def rceil_by_casts(amax: torch.Tensor, element_max: float) -> torch.Tensor:
+    """The round-up rule from torch's own casts, independently of mx_scale: the E8M0 cast of
+    amax / element.max is the nearest power of two; if that lies below the quotient, the next
+    one up. (For quotients in float32's normal range, where torch's cast rounds to nearest.)"""
+    descale = amax / element_max
+    nearest = descale.to(torch.float8_e8m0fnu).float()
+    return torch.where(nearest < descale, nearest * 2, nearest)
+
+
+@pytest.mark.parametrize("recipe", (MXFP8_E4M3_RCEIL, MXFP4_RCEIL), ids=lambda r: r.name)
+def test_the_round_up_rule_is_the_power_of_two_at_or_above_amax_over_max_and_never_clips(recipe):
+    g = torch.Generator().manual_seed(4)
+    amax = torch.cat([torch.rand(3000, generator=g) * 10.0 ** torch.randint(-30, 30, (3000,), generator=g),
+                      torch.tensor([1.0, 448.0, 449.0, 500.0, 6.0, 6.5, 8.0, 2.0**-100])])
+    got = mx_scale(amax, recipe.element, "mx_rceil")
+    assert torch.equal(got, rceil_by_casts(amax, recipe.element.max))
+    assert mx_scale(torch.tensor([0.0]), recipe.element, "mx_rceil").item() == 2.0**-127
+    assert mx_scale(torch.tensor([math.inf]), recipe.element, "mx_rceil").isnan().all()
+    # On a block: the floor rule clips the elements between element.max and 2**(emax+1); RCEIL none.
+    x = activations(64, 128) * 0.77
+    floor_rule = BlockScaling("floor", recipe.element, (1, 32), FP8_E8M0, "mx_floor")
+    q_floor, q_rceil = quantize(x, floor_rule), quantize(x, recipe)
+    scaled = (x / q_rceil.block_scales()).abs()
+    assert scaled.max() <= recipe.element.max and (scaled.amax(1) > recipe.element.max / 2).all()
+    torch_cast = {MXFP8_E4M3_RCEIL: torch.float8_e4m3fn}.get(recipe)
+    if torch_cast is not None:   # elements: torch's saturating cast, nothing saturating
+        assert torch.equal(q_rceil.elements, (x / q_rceil.block_scales()).to(torch_cast).float())
+    clipped_floor = ((x / q_floor.block_scales()).abs() > recipe.element.max).sum()
+    assert clipped_floor > 0
+    assert (q_rceil.scales >= q_floor.scales).all() and (q_rceil.scales <= 2 * q_floor.scales).all()
+    with pytest.raises(ValueError, match="unknown MX scale rule 'even'"):
+        mx_scale(amax, recipe.element, "even")
+
+
+def test_nvfp4_at_amax_1e_20_matches_an_independent_computation_and_keeps_its_snr():
+    x = activations(16, 64)
+    tiny = (x / x.abs().max() * 1e-20).float()
+    q = quantize(tiny, NVFP4)
+    # Independently, in numpy with ml_dtypes' casts (float32 arithmetic, as the kernels do).
+    t = tiny.numpy()
+    tensor_scale = np.float32(np.abs(t).max()) / np.float32(448 * 6)
+    block_amax_ = np.abs(t).reshape(16, 4, 16).max(2)
+    block_scale = (block_amax_ / np.float32(6) / tensor_scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    full = np.repeat(block_scale * tensor_scale, 16, axis=1)
+    elements = np.clip(t / full, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    assert q.tensor_scale.item() == tensor_scale
+    assert torch.equal(q.scales, torch.from_numpy(block_scale))
+    assert torch.equal(q.elements, torch.from_numpy(elements))
+    assert block_scale.max() == 448                # the largest block scale uses E4M3's top
+    # Scale-invariant: NVFP4 at amax 1e-20 keeps the SNR it has at amax 1 (float32 rounding aside).
+    unit = x / x.abs().max()
+    assert snr_db(tiny, NVFP4) == pytest.approx(snr_db(unit, NVFP4), abs=0.05)
+    assert snr_db(tiny, NVFP4) > 15
+
+
+def test_nvfp4_tensor_scale_treats_only_a_zero_amax_specially():
+    assert nvfp4_tensor_scale(torch.tensor(0.0)).item() == 1.0
+    for amax in (1e-20, 1e-13, 1.0, 3e4):
+        assert nvfp4_tensor_scale(torch.tensor(amax)).item() == (torch.tensor(amax) / 2688).item()
+    assert nvfp4_tensor_scale(torch.tensor(1e-44)).item() > 0          # underflow kept finite
+    q = quantize(torch.full((2, 16), 1e-44), NVFP4)
+    assert q.dequantize().isfinite().all()
+
+
+@pytest.mark.parametrize("recipe, transposes", [(NVFP4_16x16, True), (BLOCK_128x128, True),
+                                                (PER_TENSOR, True), (NVFP4, False), (MXFP8_E4M3, False)],
+                         ids=lambda v: getattr(v, "name", str(v)))
+def test_square_blocks_let_one_quantized_weight_serve_w_and_its_transpose(recipe, transposes):
+    w = activations(256, 256, seed=5) * torch.logspace(-2, 1, 256)[:, None]
+    of_w_transposed = fake_quantize(w, recipe).t()
+    of_transpose = fake_quantize(w.t().contiguous(), recipe)
+    assert recipe.transposes_exactly == transposes
+    assert torch.equal(of_w_transposed, of_transpose) == transposes
