@@ -1,47 +1,105 @@
 """Training with block-scaled linears (MXFP8, NVFP4, ...), emulated, through the one loop.
 
-`BlockScaledLinear` quantizes both operands of each of its three matmuls with a `BlockScaling`
-recipe, blocked along the dimension that matmul reduces over, as MX and NVFP4 training do:
+`BlockScaledLinear` quantizes both operands of each of its three matmuls, blocked along the
+dimension that matmul reduces over, as MX and NVFP4 training do:
 
-    forward      y      = x  @ W.T     reduces over in_features  (x and W blocked by rows)
-    backward     grad_x = g  @ W       reduces over out_features (g, and W.T, blocked by rows)
-                 grad_W = g.T @ x      reduces over tokens       (g.T and x.T blocked by rows)
+    forward      y      = x  @ W.T     reduces over in_features  (x by rows, W by rows)
+    backward     grad_x = g  @ W       reduces over out_features (g by rows, W by columns)
+                 grad_W = g.T @ x      reduces over tokens       (g.T and x.T by rows)
 
-so each operand is quantized afresh in the layout its matmul reads (a tensor core needs the
-scale blocks along K). The products are summed in FP32. Emulated: the values are exactly what
-the low-precision GEMM would multiply, the speed is not. Not emulated: NVFP4's stochastic
-rounding of gradients and its random Hadamard transform.
+A `LinearRecipe` names the scaling of inputs, weights and gradients. With 1-D weight blocks
+(1x32, 1x16), W is quantized again, transposed, for grad_x, and the two copies differ. With
+square weight blocks (NVFP4's 16x16, DeepSeek-V3's 128x128) one quantized W serves both passes.
+NVFP4's recipe adds stochastic rounding of the gradients (`stochastic_gradients`) and a random
+Hadamard transform over the tokens of grad_W's two inputs (`hadamard_wgrad`), which spreads
+an outlier over 16 values before they share a scale and cancels exactly in the product.
 
-`BlockScaledRunConfig` trains it through `train.train`, like every variant, keeping in higher
-precision what the recipes keep there: embeddings, the output head, norms, attention's
-softmax and the loss (none of them is an `nn.Linear` inside a block, except the head).
+The products are summed in FP32. Emulated: the values are exactly what the low-precision GEMM
+would multiply, the speed is not. `BlockScaledRunConfig` trains it through `train.train`, like
+every variant, keeping in higher precision what the recipes keep there: embeddings, the output
+head, norms, attention's softmax and the loss, and optionally whole blocks (`keep_blocks`).
 """
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
 
-from mpcourse.blockscale import MXFP4, MXFP8_E4M3, NVFP4, PER_TENSOR, BlockScaling, fake_quantize
+from mpcourse.blockscale import (BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL,
+                                 NVFP4, NVFP4_16x16, PER_TENSOR, PER_TENSOR_FP4, TILE_1x128,
+                                 BlockScaling, fake_quantize)
 from mpcourse.models import replace_linears, sharing_parameters
 from mpcourse.train import RunConfig
 
-#: The recipes a run can name: (inputs and weights, output gradients).
-RECIPES_BY_NAME = {"mxfp8": (MXFP8_E4M3, MXFP8_E4M3), "nvfp4": (NVFP4, NVFP4),
-                   "mxfp4": (MXFP4, MXFP4), "per_tensor_e4m3": (PER_TENSOR, PER_TENSOR)}
+#: The size of NVFP4's random Hadamard transform (TE's and NVIDIA's paper's choice).
+HADAMARD_SIZE = 16
+
+
+@dataclass(frozen=True)
+class LinearRecipe:
+    """How a block-scaled linear quantizes its operands: `inputs` (x, for the forward and the
+    weight-gradient matmuls), `weights` (W, for forward and input gradient), `gradients` (the
+    output gradient g, for both backward matmuls), and NVFP4's two extras."""
+    inputs: BlockScaling
+    weights: BlockScaling
+    gradients: BlockScaling
+    stochastic_gradients: bool = False
+    hadamard_wgrad: bool = False
+
+
+#: The recipes a run can name. "mxfp8" uses the round-up scale rule that TE and cuBLAS compute
+#: (Mishra et al. 2025 found the OCP floor rule can diverge); "mxfp8_floor" and "mxfp4_floor"
+#: keep the OCP rule; "nvfp4_1d" is NVFP4's format alone, and "nvfp4" NVIDIA's full recipe;
+#: per-tensor FP4 is the negative control that block scaling exists to beat.
+RECIPES_BY_NAME = {
+    "mxfp8": LinearRecipe(MXFP8_E4M3_RCEIL, MXFP8_E4M3_RCEIL, MXFP8_E4M3_RCEIL),
+    "mxfp8_floor": LinearRecipe(MXFP8_E4M3, MXFP8_E4M3, MXFP8_E4M3),
+    "mxfp4": LinearRecipe(MXFP4_RCEIL, MXFP4_RCEIL, MXFP4_RCEIL),
+    "mxfp4_floor": LinearRecipe(MXFP4, MXFP4, MXFP4),
+    "deepseek": LinearRecipe(TILE_1x128, BLOCK_128x128, TILE_1x128),
+    "nvfp4_1d": LinearRecipe(NVFP4, NVFP4, NVFP4),
+    "nvfp4_2d": LinearRecipe(NVFP4, NVFP4_16x16, NVFP4),
+    "nvfp4_2d_sr": LinearRecipe(NVFP4, NVFP4_16x16, NVFP4, stochastic_gradients=True),
+    "nvfp4": LinearRecipe(NVFP4, NVFP4_16x16, NVFP4, stochastic_gradients=True, hadamard_wgrad=True),
+    "per_tensor_e4m3": LinearRecipe(PER_TENSOR, PER_TENSOR, PER_TENSOR),
+    "per_tensor_fp4": LinearRecipe(PER_TENSOR_FP4, PER_TENSOR_FP4, PER_TENSOR_FP4),
+}
+
+
+def random_hadamard(size: int = HADAMARD_SIZE, generator: torch.Generator | None = None) -> torch.Tensor:
+    """An orthogonal size x size matrix H D / sqrt(size): Sylvester's Hadamard matrix H (entries
+    +-1) times a diagonal D of random signs. Multiplying both inputs of a matmul by it along K
+    leaves the product unchanged (H D D H.T = size I) and spreads each value over `size`."""
+    if size < 1 or size & (size - 1):
+        raise ValueError(f"a Hadamard matrix here has a power-of-two size, got {size!r}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < size:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.randint(0, 2, (size,), generator=generator).float() * 2 - 1
+    return h * signs / math.sqrt(size)
+
+
+def hadamard_along_columns(x: torch.Tensor, transform: torch.Tensor) -> torch.Tensor:
+    """x (rows, K) with each stretch of len(transform) columns multiplied by `transform`."""
+    size = transform.shape[0]
+    if x.shape[1] % size:
+        raise ValueError(f"K = {x.shape[1]} is not a multiple of the Hadamard size {size}")
+    return (x.reshape(x.shape[0], -1, size) @ transform).reshape(x.shape)
 
 
 class BlockScaledLinear(nn.Linear):
-    """An `nn.Linear` whose matmuls see block-scaled operands: `forward_recipe` for inputs and
-    weights, `grad_recipe` for output gradients (both blocked along each matmul's K)."""
+    """An `nn.Linear` whose three matmuls see block-scaled operands, by `recipe`. `generator`
+    draws the stochastic rounding and the Hadamard signs, so that a run can be replayed."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 forward_recipe: BlockScaling = MXFP8_E4M3, grad_recipe: BlockScaling | None = None,
-                 device=None, dtype=None):
+                 recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"],
+                 generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.forward_recipe = forward_recipe
-        self.grad_recipe = grad_recipe or forward_recipe
+        self.recipe = recipe
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs) -> "BlockScaledLinear":
@@ -50,52 +108,78 @@ class BlockScaledLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        y = _BlockScaledMatmul.apply(flat, self.weight, self.forward_recipe, self.grad_recipe)
+        y = _BlockScaledMatmul.apply(flat, self.weight, self.recipe, self.generator)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, forward={self.forward_recipe.name}, "
-                f"grad={self.grad_recipe.name}")
+        r = self.recipe
+        return (f"{super().extra_repr()}, inputs={r.inputs.name}, weights={r.weights.name}, "
+                f"gradients={r.gradients.name}, stochastic_gradients={r.stochastic_gradients}, "
+                f"hadamard_wgrad={r.hadamard_wgrad}")
+
+
+def weight_for_both_passes(weight: torch.Tensor, recipe: BlockScaling) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W as the forward matmul reads it, W as the input-gradient matmul reads it), both
+    quantized with `recipe`. Square blocks quantize once and use the same values twice; 1-D
+    blocks run along in_features for the forward pass, so grad_x needs W quantized again along
+    out_features, and its values differ."""
+    forward = fake_quantize(weight, recipe)
+    if recipe.transposes_exactly:
+        return forward, forward
+    return forward, fake_quantize(weight.t(), recipe).t()
 
 
 class _BlockScaledMatmul(torch.autograd.Function):
     """x @ w.T with every operand quantized along the dimension its matmul reduces over."""
 
     @staticmethod
-    def forward(ctx, x, weight, forward_recipe: BlockScaling, grad_recipe: BlockScaling):
-        ctx.save_for_backward(x, weight)
-        ctx.recipes = forward_recipe, grad_recipe
-        return fake_quantize(x, forward_recipe) @ fake_quantize(weight, forward_recipe).t()
+    def forward(ctx, x, weight, recipe: LinearRecipe, generator: torch.Generator):
+        w_forward, w_backward = weight_for_both_passes(weight, recipe.weights)
+        ctx.save_for_backward(x, w_backward)
+        ctx.recipe, ctx.generator = recipe, generator
+        return fake_quantize(x, recipe.inputs) @ w_forward.t()
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
-        forward_recipe, grad_recipe = ctx.recipes
-        # grad_x = g @ W reduces over out_features: g by rows, W.T by rows.
-        grad_x = fake_quantize(grad_y, grad_recipe) @ fake_quantize(weight.t(), forward_recipe).t()
-        # grad_W = g.T @ x reduces over tokens: g.T and x.T by rows.
-        grad_w = fake_quantize(grad_y.t(), grad_recipe) @ fake_quantize(x.t(), forward_recipe).t()
+        x, w_backward = ctx.saved_tensors
+        recipe, generator = ctx.recipe, ctx.generator
+        rounding = (dict(rounding="stochastic", generator=generator)
+                    if recipe.stochastic_gradients else {})
+        # grad_x = g @ W reduces over out_features: g by rows, W by columns.
+        grad_x = fake_quantize(grad_y, recipe.gradients, **rounding) @ w_backward
+        # grad_W = g.T @ x reduces over tokens: g.T and x.T by rows (along tokens).
+        g_t, x_t = grad_y.t(), x.t()
+        if recipe.hadamard_wgrad:
+            transform = random_hadamard(HADAMARD_SIZE, generator)
+            g_t, x_t = hadamard_along_columns(g_t, transform), hadamard_along_columns(x_t, transform)
+        grad_w = fake_quantize(g_t, recipe.gradients, **rounding) @ fake_quantize(x_t, recipe.inputs).t()
         return grad_x, grad_w, None, None
 
 
-def convert_to_block_scaled(model: nn.Module, *, skip: tuple[str, ...] = ("head",),
-                            **kwargs) -> list[str]:
+def convert_to_block_scaled(model: nn.Module, recipe: LinearRecipe, *, skip: tuple[str, ...] = ("head",),
+                            seed: int = 0) -> list[str]:
     """Replace every `nn.Linear` in `model` (except those named in `skip`) by a
-    `BlockScaledLinear` sharing its parameters; return the names replaced."""
-    return replace_linears(model, lambda linear: BlockScaledLinear.from_linear(linear, **kwargs), skip)
+    `BlockScaledLinear` sharing its parameters, each with its own generator seeded from `seed`;
+    return the names replaced."""
+    count = itertools.count()
+    return replace_linears(model, lambda linear: BlockScaledLinear.from_linear(
+        linear, recipe=recipe, generator=torch.Generator().manual_seed(seed * 1000 + next(count))), skip)
 
 
 @dataclass(frozen=True)
 class BlockScaledRunConfig(RunConfig):
     """A lesson-06 run whose transformer blocks multiply with block-scaled operands.
 
-    `recipe` names one of `RECIPES_BY_NAME`. As in `Fp8RunConfig`, parameters and everything
-    outside the blocks' linears stay FP32 (`precision="fp32"`), with no loss scaling: each
+    `recipe` names one of `RECIPES_BY_NAME`. `keep_blocks` lists transformer blocks (by
+    index; -1 is the last) whose linears stay in high precision, as NVIDIA's NVFP4 run kept
+    about 15% of its linear layers in BF16. As in `Fp8RunConfig`, parameters and everything
+    outside the converted linears stay FP32 (`precision="fp32"`), with no loss scaling: each
     block's own scale sets its range. Train it with `train.train(BlockScaledRunConfig(...))`.
     """
     recipe: str = "mxfp8"
+    keep_blocks: tuple[int, ...] = ()
     loss_scaling: str = "off"
 
     def __post_init__(self):
@@ -107,16 +191,22 @@ class BlockScaledRunConfig(RunConfig):
             raise ValueError(f"a block-scaled run keeps its other math in fp32 and takes no loss "
                              f"scaling; got precision={self.precision!r}, "
                              f"loss_scaling={self.loss_scaling!r}")
+        if any(not -self.n_layers <= b < self.n_layers for b in self.keep_blocks):
+            raise ValueError(f"keep_blocks {self.keep_blocks!r} names a block outside the "
+                             f"model's {self.n_layers} (indices {-self.n_layers} to {self.n_layers - 1})")
 
     @property
     def label(self) -> str:
-        return f"{self.recipe} linears"
+        kept = f", blocks {list(self.keep_blocks)} kept" if self.keep_blocks else ""
+        return f"{self.recipe} linears{kept}"
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        """The blocks' linear layers become `BlockScaledLinear`; the tied output head stays FP32."""
-        forward_recipe, grad_recipe = RECIPES_BY_NAME[self.recipe]
-        convert_to_block_scaled(model, skip=("head",), forward_recipe=forward_recipe,
-                                grad_recipe=grad_recipe)
+        """The blocks' linear layers become `BlockScaledLinear`; the tied output head, and the
+        linears of `keep_blocks`, stay FP32."""
+        kept = {f"blocks.{b % self.n_layers}." for b in self.keep_blocks}
+        skip = ("head",) + tuple(name for name, m in model.named_modules()
+                                 if isinstance(m, nn.Linear) and any(name.startswith(k) for k in kept))
+        convert_to_block_scaled(model, RECIPES_BY_NAME[self.recipe], skip=skip, seed=self.seed)
         return model
 
 

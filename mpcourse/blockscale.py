@@ -189,12 +189,14 @@ def block_amax(x: torch.Tensor, recipe: BlockScaling) -> torch.Tensor:
     return blocks.abs().amax(dim=(1, 3))
 
 
-def quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = None) -> Quantized:
+def quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = None, *,
+             rounding: str = "nearest_even", generator: torch.Generator | None = None) -> Quantized:
     """Quantize `x` (2-D, or N-D with the leading dimensions taken as rows) with `recipe`.
 
     `amax`: each block's amax, when it should not come from `x` itself; lesson 07's delayed
     scaling passes the largest amax of recent steps here. Elements are cast with saturation
-    (values past the element format's largest become it), as training kernels do.
+    (values past the element format's largest become it), as training kernels do, rounded
+    with `rounding` ("stochastic", drawing from `generator`, is NVFP4's rule for gradients).
     """
     x2 = _as_matrix(x)
     amax = block_amax(x2, recipe) if amax is None else torch.as_tensor(amax, dtype=torch.float32)
@@ -210,13 +212,16 @@ def quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = 
     # A block scale of 0 (an NVFP4 block far below the tensor's amax) flushes the block to 0.
     scaled = x2.float() / torch.where(full == 0, torch.ones_like(full), full)
     limit = recipe.element.max
-    elements = round_to(scaled.clamp(-limit, limit), recipe.element) * (full != 0)
+    elements = round_to(scaled.clamp(-limit, limit), recipe.element, rounding,
+                        generator=generator) * (full != 0)
     return Quantized(elements, scales, tensor_scale, recipe)
 
 
-def fake_quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = None) -> torch.Tensor:
-    """x quantized with `recipe` and dequantized again: the values a low-precision matmul sees."""
-    return quantize(x, recipe, amax).dequantize().reshape(x.shape).to(x.dtype)
+def fake_quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = None,
+                  **rounding) -> torch.Tensor:
+    """x quantized with `recipe` and dequantized again: the values a low-precision matmul sees.
+    `rounding` and `generator` go to `quantize`."""
+    return quantize(x, recipe, amax, **rounding).dequantize().reshape(x.shape).to(x.dtype)
 
 
 def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = None,

@@ -5,10 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from mpcourse.block_linear import (BlockScaledLinear, BlockScaledRunConfig,
-                                   convert_to_block_scaled, linear_operands)
-from mpcourse.blockscale import MXFP8_E4M3, NVFP4, fake_quantize
+from mpcourse.block_linear import (RECIPES_BY_NAME, BlockScaledLinear, BlockScaledRunConfig,
+                                   LinearRecipe, convert_to_block_scaled, hadamard_along_columns,
+                                   linear_operands, random_hadamard, weight_for_both_passes)
+from mpcourse.blockscale import MXFP8_E4M3, NVFP4, NVFP4_16x16, fake_quantize
 from mpcourse.models import GPT, GPTConfig
+from mpcourse.stochastic import stochastic_round
 from mpcourse.train import RunConfig, train
 
 
@@ -16,7 +18,7 @@ from mpcourse.train import RunConfig, train
 def test_each_matmul_sees_operands_blocked_along_its_reduction(recipe):
     torch.manual_seed(0)
     linear = nn.Linear(64, 32)
-    layer = BlockScaledLinear.from_linear(linear, forward_recipe=recipe)
+    layer = BlockScaledLinear.from_linear(linear, recipe=LinearRecipe(recipe, recipe, recipe))
     assert layer.weight is linear.weight and layer.bias is linear.bias
     x = torch.randn(2, 16, 64, requires_grad=True)
     y = layer(x)
@@ -38,12 +40,70 @@ def test_each_matmul_sees_operands_blocked_along_its_reduction(recipe):
     assert (grad_w - exact).norm() < 0.3 * exact.norm()
 
 
+def test_a_16x16_weight_is_quantized_once_and_serves_forward_and_backward():
+    torch.manual_seed(1)
+    w = torch.randn(48, 64) * torch.logspace(-1, 1, 64)
+    forward, backward = weight_for_both_passes(w, NVFP4_16x16)
+    assert forward is backward                             # one quantized copy
+    assert torch.equal(forward, fake_quantize(w.t().contiguous(), NVFP4_16x16).t())
+    forward_1d, backward_1d = weight_for_both_passes(w, NVFP4)
+    assert not torch.equal(forward_1d, backward_1d)        # 1x16: two copies that disagree
+    # In the layer: grad_x multiplies by exactly the W the forward pass used.
+    layer = BlockScaledLinear(64, 48, bias=False, recipe=RECIPES_BY_NAME["nvfp4_2d"])
+    layer.weight.data.copy_(w)
+    x = torch.randn(16, 64, requires_grad=True)
+    g = torch.randn(16, 48)
+    layer(x).backward(g)
+    assert torch.equal(x.grad, fake_quantize(g, NVFP4) @ forward)
+
+
+def test_the_random_hadamard_transform_is_orthogonal_and_cancels_in_the_weight_gradient():
+    h = random_hadamard(16, torch.Generator().manual_seed(0))
+    assert torch.allclose(h @ h.t(), torch.eye(16), atol=1e-6)
+    assert set(h.abs().flatten().tolist()) == {0.25}
+    with pytest.raises(ValueError, match="power-of-two size, got 12"):
+        random_hadamard(12)
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(8, 64, generator=g), torch.randn(5, 64, generator=g)
+    ha, hb = hadamard_along_columns(a, h), hadamard_along_columns(b, h)
+    assert torch.allclose(ha @ hb.t(), a @ b.t(), atol=1e-4)
+    # An outlier is spread over its 16 values: the block's amax falls 4x (1/sqrt(16)).
+    spike = torch.zeros(1, 16)
+    spike[0, 3] = 8.0
+    assert torch.allclose(hadamard_along_columns(spike, h).abs(), torch.full((1, 16), 2.0))
+
+
+def test_stochastic_gradients_round_up_or_down_without_bias():
+    """The NVFP4 recipe's grad_x is g, stochastically rounded on its NVFP4 grid, times W."""
+    layer = BlockScaledLinear(16, 16, bias=False, recipe=RECIPES_BY_NAME["nvfp4_2d_sr"],
+                              generator=torch.Generator().manual_seed(5))
+    nn.init.eye_(layer.weight)
+    x = torch.randn(16, 16, requires_grad=True)
+    g = torch.full((16, 16), 0.7)
+    g[:, 0] = 6.0                                          # block amax 6: scale 1, so 0.7 lies between 0.5 and 1
+    layer(x).backward(g)
+    values = x.grad[:, 1:]
+    assert set(values.flatten().tolist()) == {0.5, 1.0}    # rounded each way, not always to nearest
+    assert values.mean().item() == pytest.approx(0.7, abs=0.05)   # unbiased
+    assert stochastic_round(torch.tensor([0.7]), NVFP4.element).item() in (0.5, 1.0)
+
+
 def test_conversion_keeps_the_head_and_everything_that_is_not_a_linear():
     model = GPT(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=1, n_heads=2))
-    replaced = convert_to_block_scaled(model, forward_recipe=MXFP8_E4M3)
+    replaced = convert_to_block_scaled(model, RECIPES_BY_NAME["mxfp8"])
     assert replaced == ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.0", "blocks.0.mlp.2"]
     assert type(model.head) is nn.Linear
     assert isinstance(model.blocks[0].mlp[0], BlockScaledLinear)
+
+
+def test_the_mxfp8_recipe_uses_the_round_up_rule_and_the_nvfp4_recipe_is_complete():
+    assert {r.rule for r in (RECIPES_BY_NAME["mxfp8"].inputs, RECIPES_BY_NAME["mxfp8"].weights,
+                             RECIPES_BY_NAME["mxfp8"].gradients)} == {"mx_rceil"}
+    assert RECIPES_BY_NAME["mxfp4_floor"].inputs.rule == "mx_floor"
+    nvfp4 = RECIPES_BY_NAME["nvfp4"]
+    assert nvfp4.weights.block == (16, 16) and nvfp4.inputs.block == (1, 16)
+    assert nvfp4.stochastic_gradients and nvfp4.hadamard_wgrad
+    assert RECIPES_BY_NAME["deepseek"].weights.block == (128, 128)
 
 
 def test_block_scaled_training_runs_through_the_one_loop_and_tracks_fp32():
@@ -56,12 +116,18 @@ def test_block_scaled_training_runs_through_the_one_loop_and_tracks_fp32():
     assert mx.losses[0] == pytest.approx(fp32.losses[0], abs=0.01)   # same model, same data
     assert mx.losses != fp32.losses
     assert abs(mx.eval_loss - fp32.eval_loss) < 0.1
+    nvfp4 = train(BlockScaledRunConfig(recipe="nvfp4", **sizes))
+    assert nvfp4.losses == train(BlockScaledRunConfig(recipe="nvfp4", **sizes)).losses   # replayable
+    # keep_blocks=(-1,) keeps the only block's linears in FP32: the run is FP32's.
+    kept = train(BlockScaledRunConfig(recipe="per_tensor_fp4", keep_blocks=(-1,), **sizes))
+    assert kept.losses == fp32.losses and kept.config.label == "per_tensor_fp4 linears, blocks [-1] kept"
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(recipe="mxfp9"), "unknown recipe 'mxfp9'; choose one of mxfp8, nvfp4"),
+    (dict(recipe="mxfp9"), "unknown recipe 'mxfp9'; choose one of mxfp8, mxfp8_floor"),
     (dict(precision="bf16"), "keeps its other math in fp32"),
     (dict(loss_scaling="dynamic"), "takes no loss scaling"),
+    (dict(keep_blocks=(2,)), r"keep_blocks \(2,\) names a block outside the model's 2"),
 ])
 def test_block_scaled_run_config_rejects_bad_switches(kwargs, message):
     with pytest.raises(ValueError, match=message):
