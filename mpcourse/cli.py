@@ -29,6 +29,17 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hosted(args: argparse.Namespace) -> int:
+    from mpcourse.hosted import check_course, stamp_course
+    if args.stamp:
+        for path in stamp_course(args.root):
+            print(f"stamped {path}")
+        return 0
+    problems = check_course(args.root)
+    print("\n".join(problems) if problems else "every notebook has the current bootstrap cell and links")
+    return 1 if problems else 0
+
+
 def _grade(args: argparse.Namespace) -> int:
     from mpcourse.grading.grader import grade_command
     return grade_command(args)
@@ -199,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: %(default)s)")
     release.add_argument("--exercises", default="exercises", help="folder to write learner notebooks to (default: %(default)s)")
     release.set_defaults(handler=_release)
+
+    hosted = commands.add_parser("hosted", help="check (or --stamp) every notebook's Colab/Kaggle links and "
+                                                "the cell that installs mpcourse there")
+    hosted.add_argument("--stamp", action="store_true", help="write the current cell and links into every notebook")
+    hosted.add_argument("--root", default=".", help="the repository's root (default: %(default)s)")
+    hosted.set_defaults(handler=_hosted)
 
     grade = commands.add_parser("grade", help="grade submitted exercise notebooks")
     grade.add_argument("paths", nargs="+", metavar="PATH", help="submitted .ipynb files")
