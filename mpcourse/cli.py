@@ -42,7 +42,38 @@ def _hosted(args: argparse.Namespace) -> int:
 
 def _grade(args: argparse.Namespace) -> int:
     from mpcourse.grading.grader import grade_command
-    return grade_command(args)
+    if args.lms and not args.csv:
+        print("mpcourse grade: --lms writes its gradebook beside the --csv one: add --csv FILE", file=sys.stderr)
+        return 2
+    status = grade_command(args)
+    if args.lms and os.path.isfile(args.csv):
+        from mpcourse.grading.platforms.lms import write_lms_gradebook
+        try:
+            print(f"{args.lms} gradebook: {write_lms_gradebook(args.lms, args.csv)}", file=sys.stderr)
+        except ValueError as error:
+            print(f"mpcourse grade: no {args.lms} gradebook: {error}", file=sys.stderr)
+            return status or 2
+    return status
+
+
+def _autograder(args: argparse.Namespace) -> int:
+    """`mpcourse autograder gradescope|github-classroom`: files for grading on those platforms."""
+    try:
+        if args.platform == "gradescope":
+            from mpcourse.grading.platforms.gradescope_zip import build_autograder
+            if bool(args.all) == bool(args.exercises):
+                raise ValueError("name the exercises to grade (e.g. ex00_bytes) or pass --all")
+            config = build_autograder(args.solutions, args.out, None if args.all else args.exercises,
+                                      args.hidden_visibility, args.timeout, args.allow_unsandboxed)
+            print(f"wrote {args.out}: {', '.join(e['name'] for e in config['exercises'])}")
+        else:
+            from mpcourse.grading.platforms.classroom import write_classroom
+            for path in write_classroom(args.exercises_dir, args.out, args.timeout_minutes):
+                print(f"wrote {path}")
+    except ValueError as error:
+        print(f"mpcourse autograder: error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _run_config(args: argparse.Namespace, precision: str, base):
@@ -231,7 +262,32 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--unsafe-no-sandbox", action="store_true",
                        help="grade without bubblewrap's sandbox: submissions can then read and change "
                             "this machine's files (a warning goes to the output and the gradebook)")
+    grade.add_argument("--lms", choices=("canvas", "moodle"), default=None,
+                       help="also write an LMS import beside --csv (gradebook.csv -> gradebook.canvas.csv): "
+                            "one row per learner (the folder holding the notebook), one column per exercise")
     grade.set_defaults(handler=_grade)
+
+    autograder = commands.add_parser("autograder", help="grade a large class on Gradescope or in GitHub Classroom")
+    platforms = autograder.add_subparsers(dest="platform", metavar="PLATFORM", required=True)
+    gradescope = platforms.add_parser("gradescope", help="write a Gradescope autograder zip")
+    gradescope.add_argument("exercises", nargs="*", metavar="EXERCISE", help="exercises to grade (ex00 or ex00_bytes)")
+    gradescope.add_argument("--all", action="store_true", help="every exercise in --solutions, in one autograder")
+    gradescope.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: %(default)s)")
+    gradescope.add_argument("--out", required=True, help="the zip to write")
+    gradescope.add_argument("--hidden-visibility", default="after_published",
+                            choices=("after_published", "hidden", "after_due_date"),
+                            help="when learners see tests that hold hidden lines (default: %(default)s)")
+    gradescope.add_argument("--timeout", type=float, default=120.0,
+                            help="seconds each notebook may run (default: %(default)s)")
+    gradescope.add_argument("--allow-unsandboxed", action="store_true",
+                            help="where bubblewrap cannot run, grade anyway, unprotected (INSTRUCTORS.md says "
+                                 "what a submission can then do); by default such a run refuses")
+    classroom = platforms.add_parser("github-classroom", help="write a workflow running the visible tests")
+    classroom.add_argument("--exercises", dest="exercises_dir", default="exercises",
+                           help="learner notebooks, as the path inside the learner's repository (default: %(default)s)")
+    classroom.add_argument("--out", default=".", help="repository root to write .github/ into (default: %(default)s)")
+    classroom.add_argument("--timeout-minutes", type=int, default=10, help="per test step (default: %(default)s)")
+    autograder.set_defaults(handler=_autograder)
 
     train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")
     train.add_argument("--precision", choices=RUN_PRECISIONS, default="fp32",

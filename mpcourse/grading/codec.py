@@ -22,7 +22,9 @@ import sys
 import torch
 
 MAX_DEPTH = 40
-MAX_ELEMENTS = 1 << 28
+MAX_DIMENSIONS = 16
+MAX_EXTENT = 1 << 22       # elements a tensor's shape spans, zero-sized dimensions counted as 1
+MAX_TENSOR_BYTES = 16 << 20  # bytes of one tensor's data (a reply line is capped at 16 MiB anyway)
 DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
@@ -149,18 +151,33 @@ def _dtype(name):
 
 
 def decode_tensor(data):
+    """A tensor from its encoding, every size checked before anything is allocated.
+
+    A shape's extent (its dimensions' product with zeros counted as 1) is bounded as well as its
+    bytes: `torch.empty(30_000_000, 0)` holds no data, yet `.tolist()` in a test would build 30
+    million lists in the grader."""
+    if type(data) is not dict:
+        raise MalformedData("a tensor encoding is not a dict")
     dtype = _dtype(data.get("dtype"))
-    shape = data.get("shape")
-    if type(shape) is not list or len(shape) > 16 or not all(type(n) is int and 0 <= n for n in shape):
-        raise MalformedData("a tensor shape must be a list of non-negative ints")
+    shape, text = data.get("shape"), data.get("data")
+    if type(shape) is not list or len(shape) > MAX_DIMENSIONS or not all(type(n) is int and 0 <= n for n in shape):
+        raise MalformedData(f"a tensor shape must be a list of at most {MAX_DIMENSIONS} non-negative ints")
+    extent = 1
+    for n in shape:
+        extent *= max(n, 1)
+        if extent > MAX_EXTENT:
+            raise MalformedData(f"a tensor shape spanning over {MAX_EXTENT:,} elements is too large: "
+                                f"{str(shape)[:80]}")
     numel = math.prod(shape)
-    if numel > MAX_ELEMENTS:
-        raise MalformedData(f"a tensor of {numel} elements is too large")
-    try:
-        raw = base64.b64decode(data.get("data"), validate=True)
-    except (TypeError, ValueError):
-        raise MalformedData("tensor data is not base64") from None
     itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel * itemsize > MAX_TENSOR_BYTES:
+        raise MalformedData(f"a tensor of {numel * itemsize:,} bytes is over the {MAX_TENSOR_BYTES >> 20} MiB allowed")
+    if type(text) is not str or len(text) != 4 * math.ceil(numel * itemsize / 3):
+        raise MalformedData(f"tensor data is not the base64 of {numel} {dtype} elements")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise MalformedData("tensor data is not base64") from None
     if len(raw) != numel * itemsize:
         raise MalformedData(f"{len(raw)} bytes for {numel} {dtype} elements")
     if numel == 0:

@@ -1,9 +1,12 @@
 """What grading writes: results, the terminal tables and the CSV gradebook, all safe to show.
 
-Reasons and paths may carry text a submission chose. Everything printed has its control
-characters (ANSI escapes included) removed; every CSV cell that a spreadsheet would read as a
-formula is escaped with a leading apostrophe; the gradebook is written to a temporary file and
-renamed over the old one, so it is always either the previous or the complete new one.
+Reasons and paths may carry text a submission chose. Everything shown (the table, the JSON and
+the CSV) has its control characters (ANSI escapes included) and its surrogates written as
+visible escapes (`\x1b`, `\ud800`); a file name that is not UTF-8 shows its raw bytes as `\xff`.
+So no text a submission returns can make printing or writing fail, nor a terminal act on it.
+Every CSV cell that a spreadsheet would read as a formula is escaped with a leading apostrophe;
+the gradebook (UTF-8 whatever the locale) is written to a temporary file and renamed over the
+old one, so it is always either the previous or the complete new one.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from mpcourse.grading.selfcheck import TestResult
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
 COLUMNS = ["path", "exercise", "test", "points", "max_points", "passed", "reason", "score", "max_score",
            "error", "notes"]
@@ -32,16 +35,44 @@ class SubmissionResult:
     tests: list[TestResult] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what the instructor should know besides the score
+    graded: bool = True  # False: the grader could not grade it (its process died twice, a bug...)
 
     def to_json(self) -> dict:
         data = asdict(self)
         data.pop("seconds")
-        return data
+        return _cleaned(data)
+
+
+def _cleaned(value):
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {k: _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    return value
+
+
+def _escape(match: re.Match) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, kept by os.fsdecode's surrogateescape
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def clean(text) -> str:
-    """`text` without control characters: one line, nothing a terminal would interpret."""
-    return CONTROL.sub("", str(text).replace("\n", " ").replace("\t", " "))
+    """`text` on one line with every control character and surrogate written as an escape:
+    printable, encodable as UTF-8, nothing a terminal would interpret."""
+    return CONTROL.sub(_escape, str(text).replace("\n", " ").replace("\t", " "))
+
+
+def not_graded_report(results: list[SubmissionResult]) -> str | None:
+    """One line naming each submission that could not be graded, and why (None if all were)."""
+    failed = [r for r in results if not r.graded]
+    if not failed:
+        return None
+    return (f"{len(failed)} submission(s) could not be graded: "
+            + "; ".join(f"{clean(r.path)}: {clean(r.error)}" for r in failed))
 
 
 def spreadsheet_cell(value) -> str:
@@ -85,7 +116,7 @@ def write_gradebook(results: list[SubmissionResult], path: str | Path) -> None:
     path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
-        with os.fdopen(handle, "w", newline="") as f:
+        with os.fdopen(handle, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(COLUMNS)
             for r in results:

@@ -3,13 +3,17 @@
 For each submission:
 1. The exercise comes from the file name; the tests, hidden ones included, from the solution
    notebook, read before any submission runs. Metadata naming another exercise is reported.
+   A path that leads into the solutions folder (through a link anywhere in it) is refused.
 2. The submission's code cells run in a fresh worker inside a sandbox (`sandbox`). A cell that
    kills its process is skipped and the worker restarted, as a learner would restart a kernel.
 3. Each test runs either here, with the learner's functions called through the sandbox, or
    beside the learner's answers in a second fresh sandbox, its log of calls compared here with
-   the solution's (`judge`). Either way the verdict is computed in this process.
-4. Whatever happens, the submission gets a score and a one-line reason, and grading goes on;
-   the gradebook is written atomically at the end (`gradebook`).
+   the solution's (`judge`). Either way the verdict is computed in this process. Each test has
+   its own time limit: a test that runs out fails alone, and the points earned before it stay.
+4. Whatever happens, the submission gets a score and a one-line reason, and grading goes on.
+   Each submission is graded in a process of its own, with its own memory and time limit
+   (`pool`); one that cannot be graded is reported, and the exit status says so. The gradebook
+   is written atomically at the end (`gradebook`).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import json
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +30,9 @@ import nbformat
 from mpcourse.grading import judge
 from mpcourse.grading.exercise import (Exercise, defines_any, exercise_id, find_solutions, is_check_cell,
                                        is_test_cell, load_exercise)
-from mpcourse.grading.gradebook import SubmissionResult, format_result, format_summary, write_gradebook
+from mpcourse.grading.gradebook import (SubmissionResult, format_result, format_summary, not_graded_report,
+                                       write_gradebook)
+from mpcourse.grading.pool import OutOfTime, grade_in_processes
 from mpcourse.grading.sandbox import INSTALL_HINT, Limits, RequestFailed, Sandbox, WorkerGone, sandbox_problem
 from mpcourse.grading.selfcheck import TestResult
 from mpcourse.grading.verdict import first_line
@@ -37,11 +43,22 @@ UNSAFE_NOTE = ("graded WITHOUT a sandbox (--unsafe-no-sandbox): the submission c
                "files, other submissions and this gradebook")
 
 
+NOT_GRADED = 3  # the exit status when some submission could not be graded
+
+
 @dataclass(frozen=True)
 class Options:
-    timeout: float = 120.0
+    timeout: float = 120.0               # seconds for the notebook's cells, and again for each test
     sandboxed: bool = True
     limits: Limits = Limits()
+    solutions: Path | None = None        # resolved once; no submission may lie inside it
+    grader_memory: int = 3 << 30         # bytes of address space a grading process may add to the grader's
+
+
+def submission_seconds(exercise: Exercise | None, options: Options) -> float:
+    """The most one submission's grading may take: its cells once per start, and each test."""
+    tests = len(exercise.tests) if exercise else 0
+    return options.timeout * (tests + 2 + MAX_RESTARTS) + 60
 
 
 class SubmissionFailed(Exception):
@@ -52,10 +69,11 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
     """Score one submitted notebook against the tests of its exercise; never raises."""
     start = time.perf_counter()
     path = Path(path)
-    exercise, tests, error, notes = exercises.get(exercise_id(path.name) or ""), [], None, []
+    exercise, verdicts, error, notes, graded = exercises.get(exercise_id(path.name) or ""), {}, None, [], True
     if not options.sandboxed:
         notes.append(UNSAFE_NOTE)
     try:
+        _refuse_solutions(path, options)
         if exercise is None:
             raise SubmissionFailed(f"cannot tell which exercise this is: {path.name!r} does not start with a known "
                                    f"exercise id (known: {', '.join(sorted(exercises)) or 'none'})")
@@ -67,16 +85,26 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
         plan = plans.get(exercise_id(path.name))
         if not isinstance(plan, judge.Plan):
             raise SubmissionFailed(f"the solution of {exercise.name} could not be run to plan its tests: {plan}")
-        tests, error = _grade(nb, exercise, plan, options, notes)
+        error = _grade(nb, exercise, plan, options, notes, verdicts)
     except SubmissionFailed as failure:
         error = str(failure)
+    except OutOfTime:
+        error = f"timed out: grading this submission took longer than {submission_seconds(exercise, options):g} s"
     except Exception as failure:  # a bug here must cost this submission only, not the run
-        error = f"grading failed: {type(failure).__name__}: {first_line(failure, 200)}"
-    if exercise is not None and not tests:
-        tests = [TestResult(t.id, 0.0, t.points, False, error) for t in exercise.tests]
+        error, graded = f"grading failed: {type(failure).__name__}: {first_line(failure, 200)}", False
+    tests = [TestResult(t.id, t.points if verdicts[t.id][0] else 0.0, t.points, verdicts[t.id][0],
+                        None if verdicts[t.id][0] else first_line(verdicts[t.id][1] or "failed", 300))
+             if t.id in verdicts else TestResult(t.id, 0.0, t.points, False, error)
+             for t in (exercise.tests if exercise else ())]
     return SubmissionResult(path=str(path), exercise=exercise.name if exercise else None,
                             score=sum(t.points for t in tests), max_score=exercise.max_score if exercise else 0.0,
-                            error=error, tests=tests, seconds=time.perf_counter() - start, notes=notes)
+                            error=error, tests=tests, seconds=time.perf_counter() - start, notes=notes, graded=graded)
+
+
+def _refuse_solutions(path: Path, options: Options):
+    """A submission that is, or leads through links to, a file in the solutions folder is refused."""
+    if options.solutions is not None and path.resolve().is_relative_to(options.solutions):
+        raise SubmissionFailed(f"refused: this path leads into the solutions folder {str(options.solutions)!r}")
 
 
 def _read_submission(path: Path) -> nbformat.NotebookNode:
@@ -98,26 +126,26 @@ def _read_submission(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: list) -> tuple[list, str | None]:
+def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: list, verdicts: dict) -> str | None:
+    """Fill `verdicts` (test id -> (passed, reason)) test by test; return the first cell error.
+    On a timeout or a failure, the verdicts already filled stay."""
     cells = [c.source for c in nb.cells if c.cell_type == "code" and not is_test_cell(c) and not is_check_cell(c)]
-    deadline = time.monotonic() + options.timeout
-    verdicts, first_error = {}, None
+    first_error = None
     in_grader = [t for t in exercise.tests if plan.plain.get(t.id)]
     beside = [t for t in exercise.tests if not plan.plain.get(t.id)]
     if in_grader:
-        with NotebookRunner(cells, options, deadline, notes) as runner:
+        with NotebookRunner(cells, options, notes) as runner:
             first_error = runner.first_error
             namespace = judge.grader_namespace(exercise, plan, runner.request)
             for test in in_grader:
+                runner.deadline = time.monotonic() + options.timeout  # each test's own time
                 verdicts[test.id] = judge.run_in_grader(test, namespace)
                 runner.raise_if_over()
     if beside:
-        answer_cells = [c for c in cells if defines_any(c, exercise.answer_names)]
+        deadline = time.monotonic() + options.timeout * (1 + len(beside))  # the cells', then each test's
         try:
             with Sandbox(options.limits, deadline, options.sandboxed) as worker:
-                reply = worker.request({"op": "record", "setup": list(exercise.setup), "answer_cells": answer_cells,
-                                        "answers": list(exercise.answer_names),
-                                        "tests": [[t.id, t.source] for t in beside]}, deadline)
+                reply = judge.record_beside(worker, exercise, cells, beside, plan.splits, deadline)
         except WorkerGone as gone:
             _raise_if_timed_out(gone, options)
             reply = {"gone": str(gone)}
@@ -130,14 +158,11 @@ def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: li
             elif got is None or type(got[index]) is not dict:
                 verdicts[test.id] = (False, "the sandbox sent no result for this test")
             else:
-                verdicts[test.id] = judge.beside_verdict(test, plan.calls[test.id], got[index])
+                verdicts[test.id] = judge.beside_verdict(plan.splits[test.id], plan.reference.get(test.id), got[index])
         errors = reply.get("errors")
         if first_error is None and type(errors) is list and errors and type(errors[0]) is str:
             first_error = "a code cell raised " + first_line(errors[0], 200)
-    results = [TestResult(t.id, t.points if verdicts[t.id][0] else 0.0, t.points, verdicts[t.id][0],
-                          None if verdicts[t.id][0] else first_line(verdicts[t.id][1] or "failed", 300))
-               for t in exercise.tests]
-    return results, first_error
+    return first_error
 
 
 def _raise_if_timed_out(gone: WorkerGone, options: Options):
@@ -149,8 +174,9 @@ def _raise_if_timed_out(gone: WorkerGone, options: Options):
 class NotebookRunner:
     """The submission's notebook in a sandboxed worker; restarted without a cell that kills it."""
 
-    def __init__(self, cells: list[str], options: Options, deadline: float, notes: list):
-        self.cells, self.options, self.deadline, self.notes = cells, options, deadline, notes
+    def __init__(self, cells: list[str], options: Options, notes: list):
+        self.cells, self.options, self.notes = cells, options, notes
+        self.deadline = 0.0
         self.skipped, self.restarts, self.first_error, self.over = set(), 0, None, None
         self.worker = None
         try:
@@ -161,6 +187,7 @@ class NotebookRunner:
             raise
 
     def _start(self):
+        self.deadline = time.monotonic() + self.options.timeout  # for the cells, at each start
         while True:
             try:
                 self.worker = Sandbox(self.options.limits, self.deadline, self.options.sandboxed)
@@ -198,13 +225,15 @@ class NotebookRunner:
         try:
             return self.worker.request(message, self.deadline)
         except WorkerGone as gone:
+            what = (f"ran longer than the test's {self.options.timeout:g} s" if "timed out" in str(gone)
+                    else str(gone).removeprefix("the submission's process "))
             try:
-                _raise_if_timed_out(gone, self.options)
                 self._restart_allowed()
                 self._start()
             except SubmissionFailed as failure:
                 self.over = failure
-            raise judge.SandboxFailure(f"{gone} while running {message.get('name', 'the test')}") from None
+            raise judge.SandboxFailure(f"the submission's process {what} while running "
+                                       f"{message.get('name', 'the test')}") from None
 
     def raise_if_over(self):
         if self.over is not None:
@@ -218,9 +247,9 @@ class NotebookRunner:
 
 
 def default_solutions() -> Path:
-    """`./solutions` when grading from a course checkout, else the one beside the package."""
-    here = Path("solutions")
-    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "solutions"
+    """The course checkout's solutions, beside the package: never a folder of the working
+    directory, which could be a learner's folder named `solutions`."""
+    return Path(__file__).resolve().parents[2] / "solutions"
 
 
 def load_exercises(folder: str | Path) -> dict[str, Exercise]:
@@ -231,31 +260,41 @@ def load_exercises(folder: str | Path) -> dict[str, Exercise]:
     return {key: load_exercise(path) for key, path in found.items()}
 
 
-def plan_exercises(exercises: dict[str, Exercise], keys, jobs: int, limits: Limits) -> dict:
-    """Each needed exercise's Plan (or why its solution could not be run), in parallel."""
+def plan_exercises(exercises: dict[str, Exercise], keys, jobs: int, options: Options) -> dict:
+    """Each needed exercise's Plan (or why its solution could not be run), in parallel. The
+    solutions run in the sandbox too (unless --unsafe-no-sandbox): nothing of a solutions folder
+    runs unconfined."""
     def one(key):
         try:
-            return key, judge.calibrate(exercises[key], time.monotonic() + 900, limits)
+            return key, judge.calibrate(exercises[key], time.monotonic() + 900, options.limits, options.sandboxed)
         except Exception as error:
             return key, f"{type(error).__name__}: {first_line(error, 200)}"
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return dict(pool.map(one, sorted(set(keys))))
 
 
-_POOL_STATE = {}
+def _address_space() -> int:
+    """Bytes of address space this process maps now (VmSize), the base of a grading process's limit."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) << 10
+    return 0
 
 
-def _init_pool(exercises, plans, options):
-    _POOL_STATE.update(exercises=exercises, plans=plans, options=options)
-
-
-def _grade_in_pool(path):
-    return grade_submission(path, _POOL_STATE["exercises"], _POOL_STATE["plans"], _POOL_STATE["options"])
+def _not_graded(path, exercise: Exercise | None, why: str) -> SubmissionResult:
+    return SubmissionResult(str(path), exercise.name if exercise else None, 0.0, exercise.max_score if exercise else 0.0,
+                            f"not graded: {why}", [TestResult(t.id, 0.0, t.points, False, "not graded")
+                                                   for t in (exercise.tests if exercise else ())], graded=False)
 
 
 def grade_command(args) -> int:
+    """Grade `args.paths`; exit status 0 when every submission was graded, NOT_GRADED when some
+    could not be (each named on stderr, with why), 2 for bad arguments."""
+    sys.stdout.reconfigure(errors="backslashreplace")  # whatever the terminal's encoding
     try:
-        exercises = load_exercises(args.solutions or default_solutions())
+        solutions = Path(args.solutions) if args.solutions else default_solutions()
+        exercises = load_exercises(solutions)
     except ValueError as error:
         print(f"mpcourse grade: {error}", file=sys.stderr)
         return 2
@@ -269,32 +308,33 @@ def grade_command(args) -> int:
         print(f"mpcourse grade: refusing to run submissions without a sandbox: {problem}. {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox)
+    options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox, solutions=solutions.resolve())
     keys = [exercise_id(Path(p).name) for p in args.paths]
-    plans = plan_exercises(exercises, [k for k in keys if k in exercises], args.jobs, options.limits)
+    plans = plan_exercises(exercises, [k for k in keys if k in exercises], args.jobs, options)
     for key, plan in sorted(plans.items()):
         for problem in plan.problems if isinstance(plan, judge.Plan) else [f"{key}: {plan}"]:
             print(f"mpcourse grade: warning: {problem}", file=sys.stderr)
-    results = []
-    with ProcessPoolExecutor(max_workers=args.jobs, initializer=_init_pool, initargs=(exercises, plans, options)) as pool:
-        futures = [pool.submit(_grade_in_pool, path) for path in args.paths]
-        for path, future in zip(args.paths, futures):
-            try:
-                result = future.result()
-            except Exception as error:  # the grading process itself died
-                exercise = exercises.get(exercise_id(Path(path).name) or "")
-                result = SubmissionResult(str(path), exercise.name if exercise else None, 0.0,
-                                          exercise.max_score if exercise else 0.0,
-                                          f"grading failed: {type(error).__name__}", [
-                                              TestResult(t.id, 0.0, t.points, False, "grading failed")
-                                              for t in (exercise.tests if exercise else ())])
-            results.append(result)
+
+    def exercise_of(path):
+        return exercises.get(exercise_id(Path(path).name) or "")
+
+    results, shown = [None] * len(args.paths), 0
+    for index, result, why in grade_in_processes(
+            list(args.paths), lambda path: grade_submission(path, exercises, plans, options),
+            lambda path: submission_seconds(exercise_of(path), options), args.jobs,
+            _address_space() + options.grader_memory):
+        results[index] = result or _not_graded(args.paths[index], exercise_of(args.paths[index]), why)
+        while shown < len(results) and results[shown] is not None:  # in the order given
             if not args.json:
-                print(format_result(result), flush=True)
+                print(format_result(results[shown]), flush=True)
+            shown += 1
     if args.csv:
         write_gradebook(results, args.csv)
     if args.json:
-        print(json.dumps({"submissions": [r.to_json() for r in results]}, indent=1))
+        print(json.dumps({"submissions": [r.to_json() for r in results]}, indent=1, ensure_ascii=True))
     else:
         print(format_summary(results))
+    if report := not_graded_report(results):
+        print(f"mpcourse grade: {report}", file=sys.stderr)
+        return NOT_GRADED
     return 0

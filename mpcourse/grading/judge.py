@@ -43,9 +43,10 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # solution tests that failed
 
 
-def calibrate(exercise, deadline: float, limits: Limits) -> Plan:
-    """Run the instructor's solution in a fresh, unsandboxed process and plan each test."""
-    with Sandbox(limits, deadline, sandboxed=False, trusted=True) as worker:
+def calibrate(exercise, deadline: float, limits: Limits, sandboxed: bool = True) -> Plan:
+    """Run the instructor's solution in a fresh process, sandboxed like a submission (a solutions
+    folder is data too), and plan each test."""
+    with Sandbox(limits, deadline, sandboxed=sandboxed, trusted=not sandboxed) as worker:
         reply = worker.request({"op": "record", "setup": list(exercise.setup), "answer_cells": list(exercise.answer_cells),
                                 "answers": list(exercise.answer_names),
                                 "tests": [[t.id, t.source] for t in exercise.tests]}, deadline)

@@ -7,17 +7,26 @@ The sandbox (`bwrap`, Debian's `bubblewrap` package) gives the worker:
   and the `mpcourse` package, plus a small writable home (its work folder) and /tmp, both in
   memory and gone with it. Nothing else of the machine is there: not `solutions/`, other
   submissions, the gradebook or anyone's home;
-- limits on memory, CPU time, file size and processes (`worker.confine`), an unprivileged user
-  when the grader runs as root, and a count of its output bytes as they arrive.
+- limits on memory, CPU time, file size, open files and processes (`worker.confine`) and, where
+  the machine allows (`cgroup`), a control group of its own that counts all its memory (kernel
+  buffers and tmpfs pages included) and all its threads;
+- when the grader runs as root, a uid of its own (`sandbox_uid`), no other sandbox's: rlimits
+  and kernel accounting per user (processes, pipe buffers) are then per sandbox;
+- a seccomp filter (`seccomp`) refusing the calls whose effects escape those limits or outlive
+  the sandbox: memfd, the kernel keyring, System V shared memory, new namespaces...;
+- a count of its output bytes as they arrive.
 
-Every reply is one JSON line echoing its request's number, read under the submission's deadline and a size cap; a worker
-that dies, stalls, floods its output or answers nonsense is reported, never trusted.
+Every reply is one JSON line echoing its request's number, read under the submission's deadline and a size cap: a
+line over `Limits.reply` bytes stops the worker, and a line that does not end with the request's number is dropped
+unparsed. A worker that dies, stalls, floods its output or answers nonsense is reported, never trusted.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -29,8 +38,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpcourse.grading import seccomp
+from mpcourse.grading.cgroup import Cgroup
+
 WORKER = Path(__file__).with_name("worker.py")
-NOBODY = 65534  # the unprivileged user a worker started as root becomes
+FIRST_UID = 1_000_000_000  # sandbox uids: far above any real user's, below 2**31
+_sandbox_numbers = itertools.count()
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
                 "bubblewrap`), or grade anyway, unprotected, with --unsafe-no-sandbox")
 
@@ -52,13 +65,18 @@ def kernel_environment() -> dict[str, str]:
 class Limits:
     """What one submission's worker may use."""
     memory: int = 6 << 30       # bytes of address space (torch alone maps about 1.5 GiB)
+    resident: int = 3 << 30     # bytes of memory its control group may hold, kernel buffers included
     cpu: int = 600              # CPU seconds, all threads together
     file_size: int = 64 << 20   # bytes in any one file it writes
     home: int = 256 << 20       # bytes of its home folder, the work folder (in memory)
-    tmp: int = 64 << 20         # bytes of its /tmp (in memory)
-    processes: int = 2048       # processes and threads of the sandbox user
+    tmp: int = 64 << 20         # bytes of its /tmp, and again of its /dev/shm (in memory)
+    processes: int = 2048       # processes and threads of the sandbox (its uid, and its control group)
+    open_files: int = 1024      # file descriptors per process (each socket or pipe holds kernel buffers)
     output: int = 32 << 20      # bytes printed before the worker is stopped
-    reply: int = 256 << 20      # bytes in one reply
+    reply: int = 16 << 20       # bytes in one reply line, read before any of it is parsed
+
+
+REPLY_END = re.compile(rb'"id":\s*(\d{1,12})\s*}\s*$')  # the worker writes the request's number last
 
 
 class WorkerGone(Exception):
@@ -70,6 +88,12 @@ class RequestFailed(Exception):
 
 
 @functools.lru_cache(maxsize=None)
+def sandbox_uid() -> int:
+    """A uid no other sandbox of this machine holds now: from this process's id and a counter
+    (64 sandboxes at once per grading process; a sandbox's processes all die with it)."""
+    return FIRST_UID + (os.getpid() % (1 << 22)) * 64 + next(_sandbox_numbers) % 64
+
+
 def sandbox_problem() -> str | None:
     """Why no sandbox can be made here (None when one can)."""
     if sys.platform != "linux":
@@ -77,21 +101,29 @@ def sandbox_problem() -> str | None:
     if shutil.which("bwrap") is None:
         return "bubblewrap (`bwrap`) is not installed"
     try:
-        done = subprocess.run(_bwrap(Limits()) + [sys.executable, "-I", "-c", "pass"], capture_output=True,
-                              timeout=60, text=True)
+        program = seccomp.filter_fd()
+    except ValueError as error:
+        return str(error)
+    try:
+        done = subprocess.run(_bwrap(Limits(), program) + [sys.executable, "-I", "-c", "pass"], capture_output=True,
+                              timeout=60, text=True, pass_fds=[program])
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"bwrap could not start: {error}"
+    finally:
+        os.close(program)
     if done.returncode != 0:
         return f"bwrap cannot create namespaces here: {done.stderr.strip()[:300]}"
     return None
 
 
-def _bwrap(limits: Limits) -> list[str]:
-    """The bubblewrap command line around a process that may write only its own small home and /tmp."""
+def _bwrap(limits: Limits, seccomp_fd: int) -> list[str]:
+    """The bubblewrap command line around a process that may write only its own small home, /tmp
+    and /dev/shm, under the seccomp filter read from `seccomp_fd`."""
     root = os.geteuid() == 0
     args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.tmp), "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
+            "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd), "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.tmp), "--perms", "1777", "--tmpfs", "/dev/shm",
+            "--size", str(limits.tmp), "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
     if not root:
         args.append("--unshare-user")
     for name in ("bin", "sbin", "lib", "lib32", "lib64"):
@@ -134,23 +166,37 @@ class Sandbox:
 
     def __init__(self, limits: Limits, deadline: float, sandboxed: bool = True, trusted: bool = False):
         self.limits, self.printed, self.flooded, self.tail = limits, 0, False, b""
-        config = {"memory": limits.memory, "cpu": limits.cpu, "file_size": limits.file_size}
-        command = [sys.executable, "-I", str(WORKER)]
+        config = {"memory": limits.memory, "cpu": limits.cpu, "file_size": limits.file_size,
+                  "open_files": limits.open_files}
+        command, passed, self.cgroup = [sys.executable, "-I", str(WORKER)], [], None
         if sandboxed:  # its home and /tmp are small memory file systems that vanish with it
             self.workdir = None
             if os.geteuid() == 0:
-                config.update(user=NOBODY, processes=limits.processes)
+                config.update(user=sandbox_uid(), processes=limits.processes)
+                self.cgroup = Cgroup.create(limits.resident, limits.processes)
             else:  # the limit counts all this user's processes and threads, the grader's included
                 config.update(processes=_tasks_of(os.geteuid()) + limits.processes)
-            command = _bwrap(limits) + command
+            passed = [seccomp.filter_fd()]
+            command = _bwrap(limits, passed[0]) + command
+            if self.cgroup is not None:
+                command = self.cgroup.wrap(command)
             env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
         else:
             self.workdir = cwd = tempfile.mkdtemp(prefix="mpcourse-grade-")
             home = {"HOME": cwd, "IPYTHONDIR": os.path.join(cwd, ".ipython"), "MPLBACKEND": "Agg"}
             env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin", **kernel_environment())
-        self.process = subprocess.Popen(command + [json.dumps(config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
-        self._buffer, self._requests = b"", 0
+        try:
+            self.process = subprocess.Popen(command + [json.dumps(config)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                            start_new_session=True, pass_fds=passed)
+        except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
+        finally:
+            for fd in passed:
+                os.close(fd)
+        self._buffer, self._requests = bytearray(), 0
         self._drain = threading.Thread(target=self._count_output, daemon=True)
         self._drain.start()
         try:
@@ -191,21 +237,31 @@ class Sandbox:
             view = view[os.write(fd, view[: 1 << 16]):]
 
     def _receive(self, deadline: float, number: int = 0) -> dict:
-        """The next reply that answers request `number`; lines that don't (a submission can write
-        on this pipe too) are skipped."""
+        """The next reply that answers request `number`. A line is parsed only if it is under
+        `limits.reply` bytes and ends with that number; others (a submission can write on this
+        pipe too) are dropped unread, and an over-long line stops the worker."""
         fd = self.process.stdout.fileno()
         while True:
-            while b"\n" not in self._buffer:
+            end = self._buffer.find(b"\n")
+            while end < 0:
+                if len(self._buffer) > self.limits.reply:
+                    raise self._gone(f"sent a reply line over {self.limits.reply >> 20} MiB")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                     raise self._gone("timed out")
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     raise self._gone("died")
+                searched = len(self._buffer)
                 self._buffer += chunk
-                if len(self._buffer) > self.limits.reply:
-                    raise self._gone(f"sent a reply over {self.limits.reply >> 20} MiB")
-            line, self._buffer = self._buffer.split(b"\n", 1)
+                end = self._buffer.find(b"\n", searched)
+            if end > self.limits.reply:
+                raise self._gone(f"sent a reply line over {self.limits.reply >> 20} MiB")
+            line = bytes(self._buffer[:end])
+            del self._buffer[:end + 1]
+            tail = REPLY_END.search(line[-40:])
+            if tail is None or int(tail.group(1)) != number:
+                continue
             try:
                 reply = json.loads(line)
             except (ValueError, RecursionError):
@@ -248,6 +304,8 @@ class Sandbox:
         self.kill()
         self.process.wait()
         self._drain.join(timeout=5)
+        if self.cgroup is not None:
+            self.cgroup.remove()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -38,7 +38,7 @@ def confine(limits):
     """Resource limits, then (when root) an unprivileged user: before any learner code runs."""
     for name, value in (("RLIMIT_AS", limits.get("memory")), ("RLIMIT_CPU", limits.get("cpu")),
                         ("RLIMIT_FSIZE", limits.get("file_size")), ("RLIMIT_NPROC", limits.get("processes")),
-                        ("RLIMIT_CORE", 0)):
+                        ("RLIMIT_NOFILE", limits.get("open_files")), ("RLIMIT_CORE", 0)):
         if value is not None:
             resource.setrlimit(getattr(resource, name), (int(value), int(value)))
     user = limits.get("user")
