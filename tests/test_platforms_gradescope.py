@@ -1,0 +1,216 @@
+"""The Gradescope autograder, run in a simulated Gradescope.
+
+`mpcourse autograder gradescope` writes the zip; each test unpacks it into a temporary root laid
+out as Gradescope's /autograder (source, submission, results: the root is a parameter), runs
+`setup.sh --check` and `run_autograder` there on real submissions, graded in the bubblewrap
+sandbox, and validates results.json against Gradescope's documented schema
+(tests/fixtures/gradescope/results.schema.json, written from Gradescope's specs page).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import nbformat
+import pytest
+
+from mpcourse.grading.exercise import load_exercise
+from mpcourse.grading.gradebook import SubmissionResult
+from mpcourse.grading.platforms.gradescope_results import Expected, results_json
+from mpcourse.grading.platforms.gradescope_run import choose
+from mpcourse.grading.selfcheck import TestResult
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "tests" / "fixtures" / "gradescope" / "results.schema.json").read_text())
+FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
+MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
+EX00 = load_exercise(ROOT / "solutions" / "ex00_bytes.ipynb")
+FORGED = '{"tests": [{"name": "forged", "score": 1000, "max_score": 4}]}'
+
+# An honest answer right for fp32 only (1 point, as tests/fixtures/submissions' ex00_partial earns),
+# plus an attack on Gradescope's layout: find results.json's folder and the autograder's source
+# anywhere it can look, forge results, read the hidden tests, and leave a process behind that
+# keeps forging after grading ends.
+HOSTILE_ANSWER = '''def tensor_bytes(numel, dtype):
+    return numel * 4
+
+import os, subprocess, sys
+FORGED = %r
+found = []
+for top, folders, files in os.walk("/", onerror=lambda error: None):
+    if top.startswith(("/proc", "/sys", "/usr", "/dev")):
+        folders[:] = []
+        continue
+    if "mpcourse-autograder.json" in files or os.path.basename(top) == "results":
+        found.append(top)
+for folder in found + ["/autograder/results", "../results", "results"]:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "results.json"), "w") as f:
+            f.write(FORGED)
+    except OSError:
+        pass
+daemon = "import os, time\\nos.setsid()\\nwhile True:\\n    [open(p, 'w').write(%%r) for p in %%r if os.path.isdir(os.path.dirname(p))]\\n    time.sleep(0.2)" %% (FORGED, [os.path.join(d, "results.json") for d in found] + ["/autograder/results/results.json"])
+subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True)''' % FORGED
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def ex00_zip(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zip") / "ex00.zip"
+    done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(out), "ex00_bytes")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def gradescope_root(folder: Path, autograder: Path) -> Path:
+    """Lay out Gradescope's /autograder under `folder` from the zip, as its image build does."""
+    root = folder / "autograder"
+    (root / "submission").mkdir(parents=True)
+    (root / "results").mkdir()
+    with zipfile.ZipFile(autograder) as zf:
+        zf.extractall(root / "source")
+        for info in zf.infolist():  # extractall drops the mode bits; Gradescope keeps them
+            os.chmod(root / "source" / info.filename, (info.external_attr >> 16) & 0o777)
+    shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
+    return root
+
+
+def run_autograder(root: Path, *uploads: tuple[str, Path | str]) -> dict:
+    for name, content in uploads:
+        (root / "submission" / name).write_bytes(Path(content).read_bytes() if isinstance(content, Path)
+                                                 else content.encode())
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable)
+    done = subprocess.run([str(root / "run_autograder")], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    jsonschema.validate(results, SCHEMA)
+    return results
+
+
+def scores(results: dict) -> dict:
+    return {t["name"]: (t["score"], t["max_score"]) for t in results["tests"]}
+
+
+def total(results: dict) -> float:
+    return sum(t["score"] for t in results["tests"])
+
+
+def test_the_zip_has_gradescopes_files_at_its_root_executable(ex00_zip):
+    with zipfile.ZipFile(ex00_zip) as zf:
+        names = {info.filename: info for info in zf.infolist()}
+        config = json.loads(zf.read("mpcourse-autograder.json"))
+    for script in ("setup.sh", "run_autograder"):
+        assert (names[script].external_attr >> 16) & 0o111 == 0o111, f"{script} is not executable in the zip"
+    assert "solutions/ex00_bytes.ipynb" in names and "course/pyproject.toml" in names
+    assert "course/mpcourse/grading/platforms/gradescope_run.py" in names
+    assert not any("__pycache__" in name for name in names)
+    assert [e["name"] for e in config["exercises"]] == ["ex00_bytes"]
+    assert config["exercises"][0]["tests"] == [[t.id, t.points] for t in EX00.tests]
+    assert config["exercises"][0]["hidden"] == ["any_size_matches_torch"]  # the one test with hidden lines
+
+
+def test_setup_check_mode_passes_in_the_simulated_root(ex00_zip, tmp_path):
+    root = gradescope_root(tmp_path, ex00_zip)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh"), "--check"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bubblewrap sandbox works" in done.stdout and "ready" in done.stdout
+
+
+def test_setup_check_mode_fails_when_the_solutions_do_not_match(ex00_zip, tmp_path):
+    root = gradescope_root(tmp_path, ex00_zip)
+    config = json.loads((root / "source" / "mpcourse-autograder.json").read_text())
+    config["exercises"][0]["tests"][0][1] = 7.0  # points that the solution does not give
+    (root / "source" / "mpcourse-autograder.json").write_text(json.dumps(config))
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh"), "--check"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 1 and "NOT ready" in done.stdout
+
+
+def test_the_solution_scores_full_marks(ex00_zip, tmp_path):
+    results = run_autograder(gradescope_root(tmp_path, ex00_zip), ("ex00_bytes.ipynb", ROOT / "solutions" / "ex00_bytes.ipynb"))
+    assert scores(results) == {f"ex00_bytes: {t.id}": (t.points, t.points) for t in EX00.tests}
+    assert all(t["status"] == "passed" for t in results["tests"])
+    assert "ex00_bytes: 4/4" in results["output"]
+
+
+def test_the_released_exercise_scores_zero_with_reasons(ex00_zip, tmp_path):
+    # uploaded under another name: a single notebook is the exercise whatever it is called
+    results = run_autograder(gradescope_root(tmp_path, ex00_zip), ("homework (2).ipynb", ROOT / "exercises" / "ex00_bytes.ipynb"))
+    assert total(results) == 0 and len(results["tests"]) == len(EX00.tests)
+    assert all(t["status"] == "failed" and "NotImplementedError" in t["output"] for t in results["tests"])
+    visibility = {t["name"]: t["visibility"] for t in results["tests"]}
+    assert visibility["ex00_bytes: any_size_matches_torch"] == "after_published"
+    assert visibility["ex00_bytes: fp32_ten_million"] == "visible"
+
+
+@pytest.mark.parametrize("fixture", ["ex00_partial", "ex00_detached_process", "ex00_sabotage", "ex00_os_exit"])
+def test_fixture_submissions_score_what_the_local_grader_gives_them(ex00_zip, tmp_path, fixture):
+    results = run_autograder(gradescope_root(tmp_path, ex00_zip), (f"{fixture}.ipynb", FIXTURES / f"{fixture}.ipynb"))
+    assert total(results) == MANIFEST[fixture]["score"], results["output"]
+
+
+def test_a_submission_attacking_gradescopes_layout_scores_its_honest_work(ex00_zip, tmp_path):
+    nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
+    answer = next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source)
+    answer.source = HOSTILE_ANSWER
+    root = gradescope_root(tmp_path, ex00_zip)
+    results = run_autograder(root, ("ex00_bytes.ipynb", nbformat.writes(nb)))
+    assert total(results) == MANIFEST["ex00_partial"]["score"] == 1, results["output"]
+    written = (root / "results" / "results.json").read_text()
+    time.sleep(1.5)  # a process left behind would rewrite it within 0.2 s
+    assert (root / "results" / "results.json").read_text() == written
+    assert "forged" not in written and not list(root.rglob("results.json"))[1:]
+
+
+def test_two_notebooks_for_one_exercise_are_reported_not_guessed(tmp_path):
+    uploads = [tmp_path / "ex00_try1.ipynb", tmp_path / "ex00_try2.ipynb"]
+    chosen, problems = choose(uploads, [Expected("ex00_bytes", (("a", 1.0),))])
+    assert chosen == {} and "2 notebooks could be this exercise" in problems[0]
+    chosen, problems = choose(uploads + [tmp_path / "ex00_bytes.ipynb"], [Expected("ex00_bytes", (("a", 1.0),))])
+    assert chosen == {"ex00_bytes": tmp_path / "ex00_bytes.ipynb"} and problems == []
+
+
+def test_results_json_escapes_what_a_submission_wrote_and_validates():
+    reason = "got '\ud800<script>alert(1)</script>\x1b[31m'" + "x" * 10_000
+    result = SubmissionResult("p", "ex00_bytes", 0.0, 2.0, "a code cell raised \x07Boom", [
+        TestResult("a", 0.0, 1.0, False, reason), TestResult("b", 1.0, 1.0, True, None)], notes=["note\n2"])
+    results = results_json([Expected("ex00_bytes", (("a", 1.0), ("b", 1.0)), frozenset({"b"}))],
+                           {"ex00_bytes": result}, "hidden")
+    jsonschema.validate(results, SCHEMA)
+    text = json.dumps(results, ensure_ascii=False)
+    text.encode("utf-8")  # no lone surrogate left: Gradescope's parser gets valid UTF-8
+    first = results["tests"][0]
+    assert results["test_output_format"] == results["output_format"] == results["test_name_format"] == "text"
+    assert "\\ud800" in first["output"] and "\x1b" not in first["output"] and len(first["output"]) <= 4000
+    assert results["tests"][1]["visibility"] == "hidden" and "\x07" not in results["output"]
+    assert "note 2" in results["output"]
+
+
+def test_a_test_missing_from_results_fails_the_schema():
+    bad = {"tests": [{"name": "x", "max_score": 1}]}  # neither a top-level score nor the test's own
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"score": 1, "tests": [], "visibility": "later"}, SCHEMA)
+
+
+def test_bad_hidden_visibility_is_refused_naming_the_choices(tmp_path):
+    done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(tmp_path / "x.zip"),
+                "--hidden-visibility", "sometimes", "ex00_bytes")
+    assert done.returncode == 2 and "after_published" in done.stderr
+    done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(tmp_path / "x.zip"), "ex99_nope")
+    assert done.returncode == 2 and "ex99_nope" in done.stderr and "ex00_bytes" in done.stderr
