@@ -9,8 +9,12 @@ import sys
 def _doctor(args: argparse.Namespace) -> int:
     from mpcourse.hardware import format_report, report
     from mpcourse.lab_size import lab_size
-    print(format_report(report()))
-    print("\n" + _describe_lab_size(lab_size()))
+    try:
+        print(format_report(report()))
+        print("\n" + _describe_lab_size(lab_size()))
+    except ValueError as error:  # e.g. an unknown MPCOURSE_HARDWARE profile
+        print(f"mpcourse doctor: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -3,17 +3,23 @@
 Speed in mixed precision is a property of hardware, not of the format: BF16 is several times
 faster than FP32 on a GPU with tensor cores or a CPU with AVX512-BF16/AMX, and many times
 *slower* on a CPU that has to emulate it. `report()` finds out which case the learner is in.
+
+`MPCOURSE_HARDWARE=<profile>` (see `cpu_profiles`) makes the CPU report, the flags and the
+calibration those of a recorded CPU instead of this one, so that any machine can show, and
+test, what the course does on another.
 """
 from __future__ import annotations
 
 import platform
 import subprocess
+import textwrap
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
 
+from mpcourse import cpu_profiles
 from mpcourse.course import LESSONS, Lesson
 from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS, autocast_dtype
 
@@ -35,6 +41,7 @@ class HardwareReport:
     threads: int
     cpu_capability: str
     precisions: dict[str, PrecisionSupport] = field(default_factory=dict)
+    profile: str | None = None  # the MPCOURSE_HARDWARE profile the CPU facts come from
 
     def full_size(self, lesson: Lesson) -> bool:
         """Whether `lesson` runs at its full size here (on a CPU, lessons shrink themselves)."""
@@ -56,9 +63,12 @@ def scaled(cpu, cuda):
 
 
 def report() -> HardwareReport:
-    """Inspect the best device torch can use here: CUDA, then Apple's MPS, then the CPU."""
+    """Inspect the best device torch can use here: CUDA, then Apple's MPS, then the CPU
+    (or the recorded CPU that `MPCOURSE_HARDWARE` names: GPUs are never simulated)."""
+    profile = cpu_profiles.active_profile()
     common = dict(torch_version=torch.__version__, threads=torch.get_num_threads(),
-                  cpu_capability=torch.backends.cpu.get_cpu_capability())
+                  cpu_capability=profile.cpu_capability if profile
+                  else torch.backends.cpu.get_cpu_capability())
     if torch.cuda.is_available():
         capability = tuple(torch.cuda.get_device_capability(0))
         return HardwareReport(device_type="cuda", device_name=torch.cuda.get_device_name(0),
@@ -67,9 +77,9 @@ def report() -> HardwareReport:
     if torch.backends.mps.is_available():
         return HardwareReport(device_type="mps", device_name="Apple GPU (MPS)",
                               compute_capability=None, precisions=_mps_precisions(), **common)
-    flags = cpu_flags()
-    return HardwareReport(device_type="cpu", device_name=_cpu_name(), compute_capability=None,
-                          precisions=cpu_precisions(flags), **common)
+    return HardwareReport(device_type="cpu", device_name=profile.cpu if profile else _cpu_name(),
+                          compute_capability=None, precisions=cpu_precisions(cpu_flags()),
+                          profile=profile.name if profile else None, **common)
 
 
 def cuda_precisions(cc: tuple[int, int]) -> dict[str, PrecisionSupport]:
@@ -113,9 +123,16 @@ def cpu_precisions(flags: frozenset[str]) -> dict[str, PrecisionSupport]:
     }
 
 
-@lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
-    """The CPU's instruction-set flags that matter for 16-bit math, as lower-case names."""
+    """The CPU's instruction-set flags that matter for 16-bit math, as lower-case names (the
+    recorded ones of the `MPCOURSE_HARDWARE` profile, where one is set)."""
+    profile = cpu_profiles.active_profile()
+    return profile.flags if profile else detected_cpu_flags()
+
+
+@lru_cache(maxsize=1)
+def detected_cpu_flags() -> frozenset[str]:
+    """This machine's own CPU flags, whatever `MPCOURSE_HARDWARE` says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -194,9 +211,17 @@ def probe_matmuls(n: int = 256, repeats: int = 5, budget_s: float = 0.25) -> Mat
     return MatmulProbe(n, seconds)
 
 
-@lru_cache(maxsize=1)
 def measured_probe() -> MatmulProbe:
-    """This process's one calibration (`probe_matmuls`), measured on first use."""
+    """This process's one calibration (`probe_matmuls`), measured on first use, or the recorded
+    one of the `MPCOURSE_HARDWARE` profile, where one is set."""
+    profile = cpu_profiles.active_profile()
+    if profile:
+        return MatmulProbe(profile.probe_n, dict(profile.probe_seconds))
+    return _this_machines_probe()
+
+
+@lru_cache(maxsize=1)
+def _this_machines_probe() -> MatmulProbe:
     return probe_matmuls()
 
 
@@ -249,8 +274,16 @@ def format_report(r: HardwareReport) -> str:
         device += f" (compute capability {r.compute_capability[0]}.{r.compute_capability[1]})"
     lines = [f"torch        {r.torch_version}",
              f"device       {r.device_type}: {device}",
-             f"CPU threads  {r.threads}   CPU vector ISA: {r.cpu_capability}",
-             "",
+             f"CPU threads  {r.threads}   CPU vector ISA: {r.cpu_capability}"]
+    if r.profile:
+        profile = cpu_profiles.PROFILES[r.profile]
+        lines.append(textwrap.fill(
+            f"{cpu_profiles.VARIABLE}={r.profile}: a recorded CPU, NOT this machine's own. Its "
+            "flags and calibration decide what the course does here; the arithmetic still runs "
+            f"on this machine. Calibration: {profile.source}. Unset {cpu_profiles.VARIABLE} to "
+            "see this machine.", width=96, initial_indent="profile      ",
+            subsequent_indent=" " * 13))
+    lines += ["",
              f"{'precision':<10}{'supported':<11}{'accelerated':<13}how"]
     for name in PRECISIONS:
         p = r.precisions[name]
