@@ -6,7 +6,11 @@ instructions bf16 runs slower than fp32 at the lab's small size. A model wide en
 matmuls to dominate shows the real speed-up where the hardware has one, and takes minutes where
 16-bit arithmetic is emulated. `lab_size()` chooses between the two from what it measures:
 
-- a CUDA GPU: GPT-2 small's shape, `LESSON_CUDA_CONFIG`;
+- a CUDA GPU: GPT-2 small's shape, `LESSON_CUDA_CONFIG`, with the batch cut to what fits the
+  GPU's memory (`memory.largest_batch`) and the steps to what fits `GPU_RUN_SECONDS` per run,
+  predicted from the model's FLOPs and the GPU class's datasheet peak (`mpcourse.gpus`, the
+  roofline of lesson 00); it compares fp32 with the 16-bit formats that have tensor cores there
+  (on a T4: fp16 with a loss scaler, and not bf16, which a T4 only emulates);
 - a CPU on which a bf16 or fp16 matmul ran at least `hardware.FAST_SPEEDUP` times as fast as
   fp32 in the calibration (`hardware.probe_matmuls`, well under a second):
   `LESSON_CPU_MATMUL_CONFIG`;
@@ -18,14 +22,28 @@ precision pays off, next to their own live measurement.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from mpcourse import hardware
+import torch
+
+from mpcourse import gpus, hardware
+from mpcourse.memory import largest_batch
+from mpcourse.models import GPT
 from mpcourse.precision import AUTOCAST_DTYPES
 from mpcourse.train import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
                             RunConfig)
 
 SIXTEEN_BIT = tuple(AUTOCAST_DTYPES)
+#: One precision's run in lesson 06 on a GPU should take about this long (the slowest, fp32).
+GPU_RUN_SECONDS = 60.0
+#: The fraction of the datasheet's dense peak a training step is assumed to reach when the lab
+#: predicts its time (0.3 to 0.5 is usual for a model of this size; gpu_check measures it).
+GPU_UTILISATION = 0.4
+#: The share of the GPU's memory the lab plans to fill: the rest is the CUDA context, the
+#: allocator's cache and temporaries that `memory.transformer_memory` leaves out.
+GPU_MEMORY_FRACTION = 0.8
+GPU_MIN_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -36,14 +54,22 @@ class LabSize:
     fast: tuple[str, ...]
     reason: str
 
+    @property
+    def compare(self) -> tuple[str, ...]:
+        """The precisions lesson 06 compares: fp32 and the fast 16-bit ones. On a CPU bf16 is
+        always among them, so that a learner whose CPU emulates it sees what emulation costs."""
+        if self.device_type == "cpu":
+            return ("fp32", "bf16") + tuple(p for p in self.fast if p != "bf16")
+        return ("fp32",) + self.fast
+
 
 def choose_lab_size(device_type: str, precisions: dict[str, hardware.PrecisionSupport],
-                    probe: hardware.MatmulProbe | None = None) -> LabSize:
-    """The decision alone, from the device's precision table and (on a CPU) the probe's timings."""
+                    probe: hardware.MatmulProbe | None = None, *, gpu: gpus.GpuClass | None = None,
+                    memory_bytes: int | None = None) -> LabSize:
+    """The decision alone, from the device's precision table and (on a CPU) the probe's timings;
+    on a GPU also from its class (`gpus.identify`) and memory, where known."""
     if device_type == "cuda":
-        fast = tuple(p for p in SIXTEEN_BIT if precisions[p].accelerated)
-        return LabSize(LESSON_CUDA_CONFIG, "cuda", fast,
-                       "a CUDA GPU: GPT-2 small's shape (d_model 768, 12 layers, 1024 tokens)")
+        return cuda_lab_size(precisions, gpu, memory_bytes)
     if device_type == "mps":
         return LabSize(LESSON_CPU_CONFIG, "mps", (),
                        "Apple's GPU: the small size (the calibration measures CPUs only)")
@@ -66,6 +92,49 @@ def choose_lab_size(device_type: str, precisions: dict[str, hardware.PrecisionSu
                    "finish in seconds")
 
 
+def cuda_lab_size(precisions: dict[str, hardware.PrecisionSupport], gpu: gpus.GpuClass | None,
+                  memory_bytes: int | None) -> LabSize:
+    """GPT-2 small's shape, its batch fitted to `memory_bytes` and its steps to `GPU_RUN_SECONDS`."""
+    fast = tuple(p for p in SIXTEEN_BIT if precisions[p].accelerated)
+    config, notes = LESSON_CUDA_CONFIG, []
+    if memory_bytes is not None:
+        fits = largest_batch(int(memory_bytes * GPU_MEMORY_FRACTION), config.d_model, config.n_layers,
+                             config.seq_len, config.vocab_size, "fp32", "adamw", n_heads=config.n_heads)
+        if fits < 1:
+            raise ValueError(f"the lab's GPT-2-small shape does not fit {memory_bytes / gpus.GB:.1f} GB "
+                             "even at batch 1; run it on the CPU (--device cpu)")
+        if fits < config.batch_size:
+            config = dataclasses.replace(config, batch_size=fits)
+        notes.append(f"batch {config.batch_size} x {config.seq_len} tokens fits "
+                     f"{GPU_MEMORY_FRACTION:.0%} of its {memory_bytes / gpus.GB:.0f} GB in fp32 with AdamW")
+    if gpu is not None:
+        seconds = predicted_step_seconds(config, gpu, "fp32")
+        steps = max(GPU_MIN_STEPS, min(config.steps, int(GPU_RUN_SECONDS / seconds)))
+        config = dataclasses.replace(config, steps=steps)
+        notes.append(f"an fp32 step is predicted at {seconds:.2f} s ({GPU_UTILISATION:.0%} of its "
+                     f"{gpu.device.peak('fp32') / 1e12:g} TFLOPS), so {steps} steps take about "
+                     f"{steps * seconds:.0f} s")
+    emulated = [p for p in SIXTEEN_BIT if precisions[p].supported and not precisions[p].accelerated]
+    compared = "fp32 (TF32 off) with " + (" and ".join(_recipe(p) for p in fast) if fast else "nothing faster")
+    reason = (f"{'a ' + gpu.name if gpu else 'a CUDA GPU'}: GPT-2 small's shape (d_model "
+              f"{config.d_model}, {config.n_layers} layers); the lab compares {compared}")
+    if emulated:
+        reason += f"; it leaves out {', '.join(emulated)}, emulated here"
+    return LabSize(config, "cuda", fast, "; ".join([reason] + notes))
+
+
+def _recipe(precision: str) -> str:
+    return "fp16 (with a loss scaler)" if precision == "fp16" else precision
+
+
+def predicted_step_seconds(config: RunConfig, gpu: gpus.GpuClass, precision: str) -> float:
+    """One training step's time at `GPU_UTILISATION` of `gpu`'s dense peak for `precision`."""
+    with torch.device("meta"):  # counts the parameters without allocating them
+        flops_per_token = GPT(config.model_config()).flops_per_token()
+    tokens = config.batch_size * config.seq_len
+    return flops_per_token * tokens / (gpu.device.peak(precision) * GPU_UTILISATION)
+
+
 def _why_slow(precision: str, support: hardware.PrecisionSupport, speedup: float) -> str:
     if support.accelerated:  # the flags promise instructions the kernels did not use
         return (f"{precision} ran at {speedup:.2f}x although the CPU has {support.how} (torch's "
@@ -84,6 +153,11 @@ def lab_size(device: str = "auto") -> LabSize:
     report = hardware.report()
     if report.device_type != device_type:
         raise ValueError(f"device {device!r} is not available here (found {report.device_type})")
+    if device_type == "cuda":
+        capability = tuple(torch.cuda.get_device_capability(0))
+        gpu = gpus.identify(torch.cuda.get_device_name(0))
+        return choose_lab_size("cuda", gpus.precisions(capability, gpu), gpu=gpu,
+                               memory_bytes=torch.cuda.get_device_properties(0).total_memory)
     return choose_lab_size(device_type, report.precisions)
 
 

@@ -1,0 +1,29 @@
+"""Fixtures for the install tests: the wheel built from this checkout, and bare Pythons to put it in.
+
+Each bare Python is a fresh virtual environment (no system site-packages) holding torch (the
+version this test runs with, so pip finds it where `make test` found it) and, for the hosted
+notebooks, Jupyter's kernel and nbval: what Colab and Kaggle offer, less this course. Building
+them installs torch twice, so these tests run in `make hosted`, not in `make unit`.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from install import ROOT, run
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel of this checkout, built by pip as a learner's pip would build it, from a copy of the
+    files it is made of (an in-tree build/ could carry a module that no longer exists)."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    shutil.copytree(ROOT / "mpcourse", source / "mpcourse", ignore=shutil.ignore_patterns("__pycache__"))
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(source)])
+    (built,) = out.glob("mpcourse-*.whl")
+    return built
