@@ -94,7 +94,8 @@ def grade(root: Path, config: dict, expected: list[Expected]) -> dict:
         print("run_autograder: WARNING: grading WITHOUT the sandbox (--allow-unsandboxed)")
         sandboxed = False
     chosen, problems = choose(notebooks(root / "submission"), expected)
-    options = Options(timeout=float(config["timeout"]), sandboxed=sandboxed)
+    solutions = (root / "source" / "solutions").resolve()
+    options = Options(timeout=float(config["timeout"]), sandboxed=sandboxed, solutions=solutions)
     graded = {}
     with tempfile.TemporaryDirectory(prefix="mpcourse-gradescope-") as scratch:
         copies = {}
@@ -106,7 +107,7 @@ def grade(root: Path, config: dict, expected: list[Expected]) -> dict:
                 problems.append(f"{name}: could not read {path.name}: {error.strerror}")
                 del copies[name]
         keys = [exercise_id(name) for name in copies]
-        plans = plan_exercises(exercises, keys, jobs=1, limits=options.limits)
+        plans = plan_exercises(exercises, keys, 1, options)
         for name, copy in copies.items():
             graded[name] = grade_submission(copy, exercises, plans, options)
             print(format_result(graded[name]), flush=True)

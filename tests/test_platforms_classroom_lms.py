@@ -1,0 +1,137 @@
+"""GitHub Classroom's workflow (visible tests only) and the Canvas/Moodle gradebook import.
+
+The workflow is validated against GitHub's workflow schema as vendored by check-jsonschema
+(actionlint cannot be installed here: its PyPI wrapper downloads the binary from GitHub), and
+its test command is run on real notebooks. The Canvas CSV is checked against the identity columns
+Canvas's gradebook import documents, from a per-test gradebook `mpcourse grade` really wrote.
+"""
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import nbformat
+import pytest
+import yaml
+
+from mpcourse.grading.exercise import load_exercise
+from mpcourse.grading.platforms import classroom, lms
+
+ROOT = Path(__file__).resolve().parents[1]
+EX00 = load_exercise(ROOT / "solutions" / "ex00_bytes.ipynb")
+
+
+def github_workflow_schema() -> dict:
+    spec = importlib.util.find_spec("check_jsonschema")
+    assert spec is not None, "check-jsonschema (a dev dependency) is missing: pip install -e '.[dev]'"
+    path = Path(spec.submodule_search_locations[0]) / "builtin_schemas" / "vendor" / "github-workflows.json"
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repo")
+    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "autograder", "github-classroom", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    flow = yaml.safe_load((out / ".github" / "workflows" / "classroom.yml").read_text())
+    config = json.loads((out / ".github" / "classroom" / "autograding.json").read_text())
+    return flow, config
+
+
+def test_workflow_passes_githubs_workflow_schema(written):
+    flow, _ = written
+    jsonschema.validate(flow, github_workflow_schema())
+    broken = dict(flow, jobs={"run-autograding-tests": {"steps": flow["jobs"]["run-autograding-tests"]["steps"]}})
+    with pytest.raises(jsonschema.ValidationError):  # no runs-on: the schema does catch a broken job
+        jsonschema.validate(broken, github_workflow_schema())
+
+
+def test_workflow_has_classrooms_names_and_one_graded_step_per_visible_test(written):
+    flow, config = written
+    assert flow["name"] == "Autograding Tests" and list(flow["jobs"]) == ["run-autograding-tests"]
+    steps = flow["jobs"]["run-autograding-tests"]["steps"]
+    graders = [s for s in steps if s.get("uses") == classroom.COMMAND_GRADER]
+    reporter = steps[-1]
+    assert reporter["uses"] == classroom.REPORTER
+    assert reporter["with"]["runners"].split(",") == [s["id"] for s in graders]
+    assert set(reporter["env"]) == {s["id"].upper() + "_RESULTS" for s in graders}
+    ex00 = {s["with"]["test-name"]: s["with"]["max-score"] for s in graders if s["with"]["test-name"].startswith("ex00")}
+    visible = {f"ex00_bytes: {t.id}": t.points for t in EX00.tests if t.id != "any_size_matches_torch"}
+    assert ex00 == visible  # the test made only of hidden lines is not there
+    assert len(config["tests"]) == len(graders)
+
+
+def test_no_hidden_test_or_solution_reaches_the_workflow(written):
+    text = json.dumps(written)
+    for test in EX00.tests:
+        for line in test.source.splitlines():
+            if len(line.strip()) > 20:
+                assert line.strip() not in text
+    assert "solutions" not in text
+
+
+def _notebook_with_answer(tmp_path, answer: str) -> Path:
+    nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
+    next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source).source = answer
+    path = tmp_path / "exercises" / "ex00_bytes.ipynb"
+    path.parent.mkdir()
+    nbformat.write(nb, path)
+    return path
+
+
+def _step(tmp_path, notebook, test_id):
+    return subprocess.run([sys.executable, "-m", "mpcourse.grading.platforms.classroom", str(notebook), test_id],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+
+
+def test_step_command_passes_a_right_answer_and_fails_a_wrong_one(tmp_path):
+    notebook = _notebook_with_answer(tmp_path, "def tensor_bytes(numel, dtype):\n    return numel * 4")
+    assert _step(tmp_path, notebook, "fp32_ten_million").returncode == 0
+    failed = _step(tmp_path, notebook, "fp16_ten_million")
+    assert failed.returncode == 1 and "20,000,000" in failed.stdout
+    unknown = _step(tmp_path, notebook, "nope")
+    assert unknown.returncode == 2 and "fp32_ten_million" in unknown.stderr
+    nbformat.write(nbformat.read(ROOT / "solutions" / "ex00_bytes.ipynb", as_version=4), notebook)
+    assert _step(tmp_path, notebook, "fp16_ten_million").returncode == 0  # new bytes, new run: not the cache
+
+
+def _gradebook(tmp_path) -> Path:
+    """A per-test gradebook written by `mpcourse grade` for three learners (one hands in two exercises)."""
+    for learner, exercise, source in (("ada", "ex00_bytes", "solutions"), ("ben", "ex00_bytes", "exercises"),
+                                      ("ada", "ex05_scaler_update", "exercises"), ("=cmd", "ex00_bytes", "solutions")):
+        (tmp_path / learner).mkdir(exist_ok=True)
+        (tmp_path / learner / f"{exercise}.ipynb").write_bytes((ROOT / source / f"{exercise}.ipynb").read_bytes())
+    paths = sorted(str(p) for p in tmp_path.glob("*/*.ipynb"))
+    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--csv", str(tmp_path / "gradebook.csv"),
+                           "--lms", "canvas", "--jobs", "2", "--", *paths], capture_output=True, text=True, cwd=ROOT,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr
+    return tmp_path / "gradebook.csv"
+
+
+def test_canvas_gradebook_has_canvas_columns_and_one_row_per_learner(tmp_path):
+    gradebook = _gradebook(tmp_path)
+    with open(tmp_path / "gradebook.canvas.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    ex05 = load_exercise(ROOT / "solutions" / "ex05_scaler_update.ipynb")
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "ex00_bytes", "ex05_scaler_update"]
+    by_login = {row[3]: row for row in rows[1:]}
+    assert len(rows) == 4 and set(by_login) == {"ada", "ben", "'=cmd"}  # a formula-like name stays text
+    assert by_login["ada"][5:] == [f"{EX00.max_score:g}", "0"]
+    assert by_login["ben"][5:] == ["0", ""]  # nothing handed in for ex05: blank, not 0
+    assert by_login["'=cmd"][5] == f"{EX00.max_score:g}"
+    moodle = lms.lms_rows("moodle", gradebook)
+    assert moodle[0] == ["Username", "ex00_bytes", "ex05_scaler_update"] and len(moodle) == 4
+
+
+def test_a_learner_with_two_submissions_of_one_exercise_is_refused_by_name(tmp_path):
+    (tmp_path / "g.csv").write_text("path,exercise,test,score\n"
+                                    "s/ada/ex00_bytes.ipynb,ex00_bytes,a,1\ns/ada/ex00_bytes_v2.ipynb,ex00_bytes,a,2\n")
+    with pytest.raises(ValueError, match="ada.*twice"):
+        lms.lms_rows("canvas", tmp_path / "g.csv")
+    with pytest.raises(ValueError, match="canvas, moodle"):
+        lms.lms_rows("blackboard", tmp_path / "g.csv")
