@@ -22,7 +22,7 @@ from mpcourse.rounding import ROUNDING_MODES, round_to
 
 __all__ = ["FloatFormat", "round_to", "ROUNDING_MODES", "OVERFLOW_MODES", "NAN_ENCODINGS",
            "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ",
-           "FP8_E8M0", "FP6_E2M3", "FP6_E3M2", "FP4_E2M1", "TF32", "FORMATS", "ALL_FORMATS"]
+           "FP8_E8M0", "E8M0_TORCH_ROUNDS_UP", "FP6_E2M3", "FP6_E3M2", "FP4_E2M1", "TF32", "FORMATS", "ALL_FORMATS"]
 
 OVERFLOW_MODES = ("inf", "saturate", "nan")
 # Where a format keeps NaN: "ieee" (all-ones exponent with a nonzero mantissa; needs
@@ -184,10 +184,15 @@ FP8_E4M3FNUZ = FloatFormat("fp8_e4m3fnuz", 4, 3, has_inf=False, overflow="nan", 
                            nan="negative_zero", torch_dtype=torch.float8_e4m3fnuz)
 FP8_E5M2FNUZ = FloatFormat("fp8_e5m2fnuz", 5, 2, has_inf=False, overflow="nan", bias=16,
                            nan="negative_zero", torch_dtype=torch.float8_e5m2fnuz)
-# The MX block scale: a bare power of two, 2**-127 to 2**127, code 0xFF is NaN. Torch's cast
-# drops the sign, gives 2**-127 for zero, rounds ties up, and turns overflow and inf into NaN.
+# The MX block scale: a bare power of two, 2**-127 to 2**127, code 0xFF is NaN. Like torch's
+# cast, it drops the sign, gives 2**-127 for zero, rounds ties up, and turns overflow and inf
+# into NaN. It rounds to the power of two nearest in value everywhere, as ml_dtypes 0.7 does,
+# which is what the format means. torch 2.13's cast differs on float32 subnormal inputs: it
+# rounds every one above 2**-127 up to 2**-126, so on E8M0_TORCH_ROUNDS_UP, from 2**-127 to
+# 1.5 * 2**-127 (both excluded), torch gives twice the nearest power of two.
 FP8_E8M0 = FloatFormat("fp8_e8m0", 8, 0, has_inf=False, overflow="nan", signed=False,
                        has_zero=False, rounding="nearest_away", torch_dtype=torch.float8_e8m0fnu)
+E8M0_TORCH_ROUNDS_UP = (2.0**-127, 1.5 * 2.0**-127)   # open interval, float32 subnormals
 # The MX spec's FP6 and FP4 elements: no inf, no NaN; overflow saturates (torch has no dtype
 # for FP6; its float4_e2m1fn_x2 packs two FP4 codes per byte and has no cast).
 FP6_E2M3 = FloatFormat("fp6_e2m3", 2, 3, has_inf=False, nan="none")

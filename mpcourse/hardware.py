@@ -215,14 +215,18 @@ def measured_probe() -> MatmulProbe:
     """This process's one calibration (`probe_matmuls`), measured on first use, or the recorded
     one of the `MPCOURSE_HARDWARE` profile, where one is set."""
     profile = cpu_profiles.active_profile()
-    if profile:
-        return MatmulProbe(profile.probe_n, dict(profile.probe_seconds))
-    return _this_machines_probe()
+    return _recorded_probe(profile.name) if profile else _this_machines_probe()
 
 
 @lru_cache(maxsize=1)
 def _this_machines_probe() -> MatmulProbe:
     return probe_matmuls()
+
+
+@lru_cache(maxsize=None)
+def _recorded_probe(profile: str) -> MatmulProbe:
+    recorded = cpu_profiles.PROFILES[profile]
+    return MatmulProbe(recorded.probe_n, dict(recorded.probe_seconds))
 
 
 def is_fast(precision: str, probe: MatmulProbe | None = None) -> bool:

@@ -146,12 +146,12 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
     # start where float32's do needs neither.
     if fmt.min_exponent != 1 - _F32_BIAS:
         below = max(_pattern(fmt.smallest_normal), _F32_SMALLEST_NORMAL)
-        # A format without zero (E8M0: 2**-127 and up) has nothing below its smallest value:
-        # torch's and ml_dtypes' casts round every float32 subnormal up to the next value.
-        below_rounding = "away" if not fmt.has_zero and rounding.startswith("nearest") else rounding
+        # E8M0 (no zero, 2**-127 and up) rounds float32 subnormals to the nearest power of two
+        # by value, as ml_dtypes 0.7 does; torch 2.13's cast rounds those above 2**-127 up
+        # to 2**-126 (see FP8_E8M0). Anything below 2**-127 becomes 2**-127 at the end.
         if low < below:
             small = (finite_or_inf < below).nonzero().squeeze(1)
-            rounded[small] = _round_below_normal(finite_or_inf[small], fmt, below_rounding,
+            rounded[small] = _round_below_normal(finite_or_inf[small], fmt, rounding,
                                                  random.subset(small))
 
     largest = _pattern(fmt.max)

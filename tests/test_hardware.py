@@ -2,11 +2,12 @@
 import dataclasses
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
-from mpcourse import hardware
+from mpcourse import cpu_profiles, hardware
 from mpcourse.cli import main
 from mpcourse.course import LESSONS
 
@@ -117,3 +118,59 @@ def test_autocast_speed_prediction_here_and_bad_dtype():
     assert hardware.predict_autocast_speed(here).faster_than_fp32 == here.precisions["bf16"].accelerated
     with pytest.raises(ValueError, match="'fp8'"):
         hardware.predict_autocast_speed(here, "fp8")
+
+
+# --- MPCOURSE_HARDWARE: a recorded CPU instead of this one -----------------------------------------
+
+@pytest.mark.parametrize("profile, bf16, fp16", [("avx2", False, False), ("avx512-bf16", True, False),
+                                                 ("amx", True, True), ("arm", True, True)])
+def test_a_profile_replaces_the_flags_and_the_calibration(monkeypatch, profile, bf16, fp16):
+    monkeypatch.setenv("MPCOURSE_HARDWARE", profile)
+    r = hardware.report()
+    if torch.cuda.is_available():
+        pytest.fail("profiles simulate CPUs; this test expects the CPU report")
+    assert r.profile == profile and r.device_name == cpu_profiles.PROFILES[profile].cpu
+    assert (r.precisions["bf16"].accelerated, r.precisions["fp16"].accelerated) == (bf16, fp16)
+    assert hardware.cpu_flags() == cpu_profiles.PROFILES[profile].flags
+    probe = hardware.measured_probe()
+    assert probe is hardware.measured_probe(), "one calibration per profile"
+    assert probe.seconds == cpu_profiles.PROFILES[profile].probe_seconds
+    # bf16 is measured fast exactly where the flags promise it (fp16 on AMX: 1.1x, not fast)
+    assert hardware.is_fast("bf16") == bf16
+    assert "NOT this machine's own" in hardware.format_report(r)
+
+
+def test_without_a_profile_the_report_is_this_machines(monkeypatch):
+    monkeypatch.delenv("MPCOURSE_HARDWARE", raising=False)
+    r = hardware.report()
+    assert r.profile is None and "NOT this machine's own" not in hardware.format_report(r)
+    assert hardware.cpu_flags() == hardware.detected_cpu_flags()
+    monkeypatch.setenv("MPCOURSE_HARDWARE", "")      # empty counts as unset
+    assert hardware.report().profile is None
+
+
+def test_the_avx2_and_amx_profiles_decide_the_lab_and_the_warning(monkeypatch):
+    """The branches lesson 10's bf16 run took on an AVX2 machine, taken here."""
+    from mpcourse.lab_size import lab_size
+    from mpcourse.train import (RunConfig, UnacceleratedPrecisionWarning, fit_to_hardware,
+                                precision_support)
+    monkeypatch.setenv("MPCOURSE_HARDWARE", "avx2")
+    assert lab_size("cpu").fast == ()
+    with pytest.warns(UnacceleratedPrecisionWarning, match="bf16 on this cpu is not accelerated"):
+        precision_support("bf16", "cpu")
+    assert fit_to_hardware(RunConfig(precision="bf16", device="cpu")).time_limit_s is not None
+    monkeypatch.setenv("MPCOURSE_HARDWARE", "amx")
+    assert lab_size("cpu").fast == ("bf16",)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        precision_support("bf16", "cpu")
+    assert fit_to_hardware(RunConfig(precision="bf16", device="cpu")).time_limit_s is None
+
+
+def test_an_unknown_profile_is_refused_by_name(monkeypatch, capsys):
+    monkeypatch.setenv("MPCOURSE_HARDWARE", "avx512")
+    with pytest.raises(ValueError, match=r"'avx512' is not a hardware profile; choose one of avx2, "
+                                         r"avx512-bf16, amx, arm"):
+        hardware.report()
+    assert main(["doctor"]) == 2
+    assert "is not a hardware profile" in capsys.readouterr().err
