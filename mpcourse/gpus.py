@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from mpcourse.hardware import PrecisionSupport
 from mpcourse.performance import A100_SXM, H100_SXM, TERA, Device
+from mpcourse.precision import PRECISIONS
 
 GB = 10**9
 
@@ -106,7 +107,7 @@ def precisions(capability: tuple[int, int], gpu: GpuClass | None = None) -> dict
         rate = {p: f"by compute capability {sm} (not in mpcourse.gpus's table)" for p in tensor}
     else:
         peaks = gpu.device.peak_flops
-        fast = {p: gpu.accelerated(p) for p in ("fp32", "tf32", "bf16", "fp16", "fp8")}
+        fast = {p: gpu.accelerated(p) for p in PRECISIONS}
         rate = {p: f"{peaks[p] / TERA:g} TFLOPS dense, {peaks[p] / peaks['fp32']:.1f}x fp32"
                 for p in peaks if p != "fp32"}
     fp16_how = (("tensor cores, " if capability >= (7, 0) else "packed half2 on CUDA cores (no tensor "
@@ -133,7 +134,7 @@ def describe(gpu: GpuClass | None, capability: tuple[int, int], memory_bytes: in
     if gpu is None:
         return (f"GPU class    not in mpcourse.gpus's table: judged by compute capability "
                 f"sm_{capability[0]}{capability[1]} alone; {memory_bytes / GB:.0f} GB")
-    fast = [p for p in ("tf32", "bf16", "fp16", "fp8") if gpu.accelerated(p)]
+    fast = [p for p in PRECISIONS if p != "fp32" and gpu.accelerated(p)]
     return (f"GPU class    {gpu.name}: {gpu.architecture}, {gpu.sm}, {memory_bytes / GB:.0f} GB at "
             f"{gpu.device.bandwidth / GB:,.0f} GB/s; learners meet it on {gpu.where}\n"
             f"             faster than fp32 here: {', '.join(fast) if fast else 'nothing'}")
