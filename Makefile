@@ -22,7 +22,8 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # stored output that holds only on the author's CPU fails here, not on an instructor's.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2
 
-.PHONY: lab test unit notebooks portability browser outputs bench release check-python clean
+.PHONY: lab test unit notebooks portability browser outputs bench release check-python clean \
+	hosted site dist
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null || { \
@@ -50,10 +51,10 @@ lab: check-python $(STAMP)
 	  $$( [ "$$(uname)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser ) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-test: check-python $(STAMP) unit notebooks portability browser
+test: check-python $(STAMP) unit hosted notebooks portability browser
 
 unit: $(STAMP)
-	$(PY) -m pytest tests/ --ignore=tests/browser
+	$(PY) -m pytest tests/ --ignore=tests/browser --ignore=tests/hosted
 
 # Prints each notebook's execution time (tests/notebook_times.py).
 notebooks: $(STAMP)
@@ -72,6 +73,22 @@ outputs: $(STAMP)
 # Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found).
 browser: $(STAMP)
 	$(PY) -m pytest -rs tests/browser/
+
+# Installs as a learner would (tests/hosted): the built wheel in a clean venv, and lessons 00 and 06
+# and exercise 01 alone in a bare Python (torch, Jupyter's kernel, nbval) whose first cell installs
+# that wheel, as it installs the package in Colab or Kaggle.
+hosted: $(STAMP)
+	$(PY) -m pytest -rs tests/hosted/
+
+# The course as a static website in build/site, rendered from the notebooks' stored outputs
+# (nothing is executed): site/conf.py. tests/browser/test_site.py checks it in Chromium.
+site: $(STAMP)
+	$(PY) -m sphinx -q -b html -c site . build/site
+	@echo "open build/site/index.html"
+
+# The wheel and the sdist, in dist/.
+dist: $(STAMP)
+	$(PY) -m build --outdir dist .
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
