@@ -92,6 +92,14 @@ def workflow(exercises: str | Path, timeout_minutes: int = 10) -> tuple[dict, di
     return flow, config
 
 
+class _Dumper(yaml.SafeDumper):
+    """YAML with multi-line strings (the install script) as literal blocks, as a person writes them."""
+
+
+_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
 def write_classroom(exercises: str | Path, out: str | Path, timeout_minutes: int = 10) -> list[Path]:
     """Write .github/workflows/classroom.yml and .github/classroom/autograding.json under `out`."""
     flow, config = workflow(exercises, timeout_minutes)
@@ -100,7 +108,7 @@ def write_classroom(exercises: str | Path, out: str | Path, timeout_minutes: int
     for path in (workflow_path, config_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     workflow_path.write_text("# Written by `mpcourse autograder github-classroom`: the visible tests only.\n"
-                             + yaml.safe_dump(flow, sort_keys=False, width=120))
+                             + yaml.dump(flow, Dumper=_Dumper, sort_keys=False, width=120))
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     return [workflow_path, config_path]
 
