@@ -50,12 +50,17 @@ class LowPrecisionWeightOptimizer:
     2. the inner optimizer updates the proxies in FP32;
     3. `store` writes each result back into the 16-bit weight; the proxies are emptied.
 
-    A fused implementation (torchao, optimi) does the same per element in registers; here the
-    FP32 copies exist for the duration of one `step()`, and never between steps.
+    With `per_tensor=False` the FP32 copies of *every* weight and gradient exist together for
+    the duration of one `step()`: 8 more bytes per parameter than the step keeps between steps.
+    With `per_tensor=True` the step runs the three stages for one weight at a time, so the
+    copies exist for one tensor at a time and the step's extra memory is bounded by the largest
+    tensor, as in fused kernels (torchao, optimi), which work on one tensor, or one chunk of
+    it, in registers. The results are the same: AdamW updates each tensor on its own.
     """
 
     def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict], optimizer_cls: type,
-                 **optimizer_kwargs: Any):
+                 per_tensor: bool = False, **optimizer_kwargs: Any):
+        self.per_tensor = per_tensor
         groups = list(params)
         if not groups:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
@@ -93,6 +98,10 @@ class LowPrecisionWeightOptimizer:
         """The FP32 value the inner optimizer updates: the 16-bit weight itself by default."""
         return working.float()
 
+    def exact_gradient(self, working: torch.Tensor) -> torch.Tensor | None:
+        """The FP32 gradient the inner optimizer uses (None: the weight is not stepped)."""
+        return None if working.grad is None else working.grad.float()
+
     def store(self, working: torch.Tensor, exact: torch.Tensor) -> None:
         """Write the updated FP32 value into the 16-bit weight."""
         raise NotImplementedError(f"{type(self).__name__} must say how it writes weights back")
@@ -109,18 +118,23 @@ class LowPrecisionWeightOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        stepped = []
-        for working, proxy in self._pairs:
-            if working.grad is None:
-                continue
-            proxy.data = self.exact_weight(working)
-            proxy.grad = working.grad.float()
-            stepped.append((working, proxy))
-        self.optimizer.step()
-        for working, proxy in stepped:
-            self.store(working, proxy.data)
-            proxy.grad = None
-            proxy.data = _empty(working)
+        batches = [[pair] for pair in self._pairs] if self.per_tensor else [self._pairs]
+        for pairs in batches:
+            stepped = []
+            for working, proxy in pairs:
+                grad = self.exact_gradient(working)
+                if grad is None:
+                    continue
+                proxy.data = self.exact_weight(working)
+                proxy.grad = grad
+                del grad
+                stepped.append((working, proxy))
+            if stepped:
+                self.optimizer.step()
+            for working, proxy in stepped:
+                self.store(working, proxy.data)
+                proxy.grad = None
+                proxy.data = _empty(working)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for working, _ in self._pairs:
@@ -140,9 +154,10 @@ class LowPrecisionWeightOptimizer:
             raise ValueError(f"the state dict holds {len(saved)} weights' state, this optimizer "
                              f"has {len(self._pairs)} weights")
         self.optimizer.load_state_dict(state_dict["optimizer"])
-        for (working, _), values in zip(self._pairs, saved):
-            for name, value in values.items():
-                self.weight_state[working][name].copy_(value)
+        with torch.no_grad():  # a master with an FP32 gradient requires grad
+            for (working, _), values in zip(self._pairs, saved):
+                for name, value in values.items():
+                    self.weight_state[working][name].copy_(value)
 
 
 def _empty(like: torch.Tensor) -> torch.Tensor:
@@ -157,9 +172,9 @@ class StochasticRoundingOptimizer(LowPrecisionWeightOptimizer):
     """
 
     def __init__(self, params, optimizer_cls: type, generator: torch.Generator | None = None,
-                 **optimizer_kwargs: Any):
+                 per_tensor: bool = False, **optimizer_kwargs: Any):
         self.generator = generator
-        super().__init__(params, optimizer_cls, **optimizer_kwargs)
+        super().__init__(params, optimizer_cls, per_tensor, **optimizer_kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         """The state, with the rounding generator's, so that a resumed run draws the same bits."""

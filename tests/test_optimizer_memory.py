@@ -1,46 +1,87 @@
-"""The bytes-per-parameter ladder: predictions against what the optimizers really hold."""
+"""The bytes-per-parameter ladder: predictions against the bytes kept and the step's measured peak."""
 import pytest
 import torch
 
+from mpcourse.distributed.costs import memory_per_rank
 from mpcourse.kahan import KahanOptimizer
+from mpcourse.ladder_measure import measure_rung
+from mpcourse.master_layouts import FP32MasterOptimizer
 from mpcourse.models import GPT
-from mpcourse.optimizer_memory import (LADDER, NO_CURE, RUNGS, LadderRunConfig, measure_rung)
+from mpcourse.optim_states import AdamW
+from mpcourse.optimizer_memory import LADDER, NO_CURE, RUNGS, LadderRunConfig
 from mpcourse.stochastic import StochasticRoundingOptimizer
 from mpcourse.train import train
 
 TINY = dict(d_model=32, n_layers=1, n_heads=2, batch_size=2, seq_len=16, steps=3, warmup_steps=0,
             eval_batches=1)
+WIDE = dict(TINY, d_model=64, n_layers=2, n_heads=4)  # the largest tensor is 4,096 x 4 values
 
 
-def test_the_ladder_descends_from_16_bytes():
-    assert [r.bytes_per_parameter() for r in LADDER] == [16, 12, 10, 8, 6 + 8 / 256]
-    assert NO_CURE.bytes_per_parameter() == RUNGS["stochastic"].bytes_per_parameter()
+def _sizes(config):
+    return [p.numel() for p in GPT(config.model_config()).parameters()]
 
 
+def test_the_ladder_descends_from_16_bytes_where_every_tensor_is_quantized():
+    sizes = [2**20] * 3  # large tensors: every moment is quantized, every scale is shared
+    got = {rung.key: rung.bytes_per_parameter(sizes) for rung in LADDER}
+    assert got == {"fp32": 16, "master": 16, "master_fp32_grads": 18, "bf16_moments": 12,
+                   "kahan": 10, "stochastic": 8, "e4m3": 6 + 8 / 256, "dynamic": 6 + 8 / 256,
+                   "e5m2": 6 + 8 / 256}
+    assert NO_CURE.bytes_per_parameter(sizes) == 8
+
+
+def test_small_tensors_keep_bf16_moments_as_in_torchao():
+    rung = RUNGS["dynamic"]
+    assert rung.moment_bytes(4095) == 4 * 4095 and rung.moment_bytes(4096 + 128) == 4 * 4224
+    assert rung.moment_bytes(4096) == 2 * (4096 + 4 * 16)
+
+
+@pytest.mark.parametrize("sizes", [TINY, WIDE])
 @pytest.mark.parametrize("key", list(RUNGS))
-def test_prediction_agrees_with_the_bytes_measured(key, one_thread):
-    config = LadderRunConfig(rung=key, **TINY)
-    measured = measure_rung(config)
-    params = sum(p.numel() for p in GPT(config.model_config()).parameters())
-    predicted = RUNGS[key].bytes_per_parameter() * params
-    assert abs(sum(measured.values()) / predicted - 1) < 0.10
-    roles = RUNGS[key].bytes_per_role()
-    assert measured["weights"] == roles["weights"] * params
-    assert measured["gradients"] == roles["gradients"] * params
+def test_kept_bytes_and_step_peak_agree_with_the_prediction(key, sizes, one_thread):
+    config = LadderRunConfig(rung=key, **sizes)
+    rung, params = RUNGS[key], _sizes(config)
+    roles = rung.bytes_per_role(params)
+    for per_tensor in (False, True):
+        measured = measure_rung(config, per_tensor=per_tensor)
+        assert measured.parameters == sum(params)
+        for role in ("weights", "gradients", "masters", "compensation"):
+            assert measured.kept[role] == roles[role], role
+        # the moments also hold a step counter (4 bytes) per tensor
+        assert 0 <= measured.kept["moments"] - roles["moments"] <= 4 * len(params)
+        predicted = rung.step_peak(params, per_tensor)
+        assert abs(measured.step.peak / predicted - 1) < 0.02, (per_tensor, measured.step)
+        assert measured.step.end == measured.step.held  # nothing left behind
+
+
+@pytest.mark.parametrize("key", [k for k, r in RUNGS.items() if r.copies_weights])
+def test_stepping_one_tensor_at_a_time_bounds_the_copies_by_the_largest_tensor(key, one_thread):
+    config = LadderRunConfig(rung=key, **WIDE)
+    params = _sizes(config)
+    at_once = measure_rung(config, per_tensor=False).step.peak
+    one_by_one = measure_rung(config, per_tensor=True).step.peak
+    assert at_once - one_by_one == pytest.approx(8 * (sum(params) - max(params)), abs=64)
 
 
 def test_each_rung_builds_its_optimizer_and_trains_through_the_one_loop(one_thread):
-    kinds = {"kahan": KahanOptimizer, "stochastic": StochasticRoundingOptimizer,
-             "8bit": StochasticRoundingOptimizer}
+    kinds = {"fp32": AdamW, "nearest": AdamW, "bf16_moments": AdamW,
+             "master": FP32MasterOptimizer, "master_fp32_grads": FP32MasterOptimizer,
+             "kahan": KahanOptimizer}
     for key, rung in RUNGS.items():
         config = LadderRunConfig(rung=key, **TINY)
         model = config.prepare_model(GPT(config.model_config()))
         assert all(p.dtype == rung.weight_dtype for p in model.parameters())
         optimizer, _ = config.make_optimizer(model)
-        assert isinstance(optimizer, kinds.get(key, torch.optim.Optimizer))
+        assert type(optimizer) is kinds.get(key, StochasticRoundingOptimizer)
         result = train(config)
         assert result.steps_done == 3 and result.config.label == rung.label
         assert result.losses[-1] < result.losses[0] + 0.5
+
+
+@pytest.mark.parametrize("key", ["kahan", "stochastic", "master", "master_fp32_grads"])
+def test_one_tensor_at_a_time_trains_bit_for_bit_like_all_at_once(key, one_thread):
+    runs = [train(LadderRunConfig(rung=key, per_tensor=p, **TINY)) for p in (False, True)]
+    assert runs[0].losses == runs[1].losses and runs[0].eval_loss == runs[1].eval_loss
 
 
 @pytest.mark.parametrize("key", list(RUNGS))
@@ -51,6 +92,18 @@ def test_a_resumed_run_continues_bit_for_bit(key, tmp_path, one_thread):
     train(LadderRunConfig(rung=key, **{**TINY, "steps": 3}), checkpoint_path=path)
     resumed = train(config, checkpoint_path=path, resume=True)
     assert resumed.losses == whole.losses
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+def test_sharding_uses_lesson_08s_accounting(world_size):
+    sizes = [1000, 24, 7]  # 1,031 values: the last shard is padded
+    fp32 = RUNGS["fp32"].bytes_per_rank(sizes, world_size)
+    assert fp32["ddp"] == memory_per_rank("ddp", 1031, world_size).persistent
+    assert fp32["fsdp"] == memory_per_rank("fsdp2", 1031, world_size).persistent
+    shard = -(-1031 // world_size)
+    master = RUNGS["master"].bytes_per_rank(sizes, world_size)
+    assert master["zero1"] == pytest.approx((2 + 2) * 1031 + 12 * shard)  # ZeRO's 2 + 2 + K/W
+    assert master["fsdp"] == pytest.approx(16 * shard)
 
 
 def test_rejects_switches_a_rung_cannot_honour():
