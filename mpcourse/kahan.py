@@ -3,13 +3,24 @@
 Kahan summation adds many small numbers to a large one without losing them: beside the running
 sum it keeps a compensation, the part of each addition that rounding threw away, and adds it
 back in the next addition. For weights, the sum is the 16-bit weight and the additions are the
-optimizer's updates. The true weight is then `weight + compensation`, two 16-bit numbers that
-together carry about twice the mantissa bits of one (for BF16, about as many as FP32's 24), at
-4 bytes instead of a 16-bit weight plus an FP32 master's 6. This is what optimi's `kahan_sum`
-and AnyPrecisionAdamW do.
+optimizer's updates. The true weight is then `weight + compensation`: two BF16 numbers of 8
+significant bits each, which together carry about 16 significant bits (the compensation starts
+where the weight's bits end), not FP32's 24, at 4 bytes instead of a 16-bit weight plus an FP32
+master's 6.
 
-Unlike stochastic rounding it is deterministic: nothing is lost on average *or* per step, as
-long as the compensation itself is not too small for its format.
+Two forms compute it:
+
+- `compensated_add` forms `weight + compensation + update` in FP32 and splits the result into
+  a weight rounded to nearest and the compensation (what `KahanOptimizer` does around any
+  optimizer);
+- `classic_kahan_add` is the form optimi (`kahan_sum=True`, 0.2+) and torchdistX's
+  AnyPrecisionAdamW run, every operation in BF16: add the update into the compensation, add the
+  compensation into the weight, and keep in the compensation what the weight did not take.
+
+Unlike stochastic rounding it is deterministic, and so are its errors: the compensation is
+itself rounded to BF16 at every step, losing up to 2**-8 of its value, and an update of fixed
+size lands on the compensation's grid the same way step after step, so that loss does not
+average out. It accumulates in proportion to the distance travelled.
 """
 from __future__ import annotations
 
@@ -27,6 +38,16 @@ def compensated_add(weight: torch.Tensor, compensation: torch.Tensor,
     """
     exact = weight.float() + compensation.float() + update.float()
     return split(exact, weight.dtype, compensation.dtype)
+
+
+def classic_kahan_add(weight: torch.Tensor, compensation: torch.Tensor,
+                      update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same sum in four 16-bit operations, each rounded to the weight's dtype, in optimi's
+    order: compensation += update; old = weight; weight += compensation;
+    compensation += old - weight."""
+    compensation = compensation + update.to(compensation.dtype)
+    new_weight = weight + compensation
+    return new_weight, compensation + (weight - new_weight)
 
 
 def split(exact: torch.Tensor, weight_dtype: torch.dtype,

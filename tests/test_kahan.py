@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mpcourse.kahan import KahanOptimizer, compensated_add, split
+from mpcourse.kahan import KahanOptimizer, classic_kahan_add, compensated_add, split
 from mpcourse.master import MasterWeightOptimizer
 
 
@@ -75,3 +75,42 @@ def test_state_dict_round_trip_restores_the_compensation():
 def test_rejects_fp32_weights():
     with pytest.raises(ValueError, match="16-bit weights"):
         KahanOptimizer([torch.nn.Parameter(torch.ones(2))], torch.optim.SGD, lr=1)
+
+
+def test_classic_form_is_four_bf16_operations_as_ml_dtypes_computes_them():
+    """optimi's order, against ml_dtypes' BF16 arithmetic (each operation rounded to BF16)."""
+    import ml_dtypes
+    import numpy as np
+    g = torch.Generator().manual_seed(4)
+    weight = torch.randn(4096, generator=g).bfloat16()
+    compensation = (torch.randn(4096, generator=g) * 1e-3).bfloat16()
+    update = (torch.randn(4096, generator=g) * 1e-4).bfloat16()
+    got_weight, got_compensation = classic_kahan_add(weight, compensation, update)
+    bf16 = ml_dtypes.bfloat16
+    w, c, u = (t.float().numpy().astype(bf16) for t in (weight, compensation, update))
+    c = (c + u).astype(bf16)
+    new = (w + c).astype(bf16)
+    c = (c + (w - new).astype(bf16)).astype(bf16)
+    assert np.array_equal(got_weight.float().numpy(), new.astype(np.float32))
+    assert np.array_equal(got_compensation.float().numpy(), c.astype(np.float32))
+
+
+def test_classic_form_keeps_small_updates_like_the_fp32_form():
+    w1 = w2 = torch.ones(1, dtype=torch.bfloat16)
+    c1 = c2 = torch.zeros(1, dtype=torch.bfloat16)
+    update = torch.full((1,), 5e-5)
+    for _ in range(10_000):
+        w1, c1 = compensated_add(w1, c1, update)
+        w2, c2 = classic_kahan_add(w2, c2, update)
+    for w, c in ((w1, c1), (w2, c2)):
+        assert abs((w.double() + c.double()).item() - 1.5) < 0.05 * 0.5  # within 5% of the way
+    assert (w1.double() + c1.double()).item() == pytest.approx((w2.double() + c2.double()).item(),
+                                                               abs=2**-7)
+
+
+def test_the_shortfall_grows_with_the_distance_so_it_is_systematic():
+    """Random errors would grow as the square root of the steps; this one doubles with them."""
+    from mpcourse.update_walk import walk
+    short = [1.0 + n * 5e-5 - walk(1.0, 5e-5, n, "kahan", record_every=n)[-1].item()
+             for n in (5_000, 10_000, 20_000)]
+    assert short[0] > 0 and short[1] == pytest.approx(2 * short[0]) and short[2] == pytest.approx(4 * short[0])
