@@ -2,15 +2,28 @@
 #   make lab    set everything up, then open the course in JupyterLab
 #   make test   set everything up, then run every test and every notebook
 #
-# For instructors: make outputs   re-execute every lesson and solution here, storing the outputs
+# For instructors: make outputs       re-execute every lesson and solution here, storing the outputs
+#                  make lock          re-resolve requirements-lock.txt from pyproject.toml's ranges
+#                  make test-latest   the tests against the newest releases the ranges allow
+#
+# Both commands install requirements-lock.txt: the exact versions, with hashes, that passed.
 #
 # Overrides: PYTHON=python3.12   the interpreter that creates .venv (3.10 or newer)
-#            TORCH_SPEC=...      what pip installs for torch (default: the newest release;
-#                                CI pins a CPU build with TORCH_SPEC=torch==2.13.0)
+#            TORCH_SPEC=...      what pip installs for torch (default: the locked torch==$(LOCKED_TORCH);
+#                                on Linux PyPI serves it as a multi-GB CUDA build)
+#            TORCH_INDEX=...     the index torch alone comes from, e.g. https://download.pytorch.org/whl/cpu
+#                                with TORCH_SPEC=torch==2.13.0+cpu for the small CPU build
+#            MPCOURSE_HARDWARE=  avx2, avx512-bf16, amx or arm: run as on that CPU (mpcourse.cpu_profiles)
 #            PORT=8888 TOKEN=... where `make lab` listens, and its access token (default: random)
 
 PYTHON ?= python3
-TORCH_SPEC ?= torch
+# The torch that requirements-lock.txt was resolved with, and CI's.
+LOCKED_TORCH := 2.13.0
+TORCH_SPEC ?= torch==$(LOCKED_TORCH)
+TORCH_INDEX ?=
+LOCK := requirements-lock.txt
+# The optional-dependency groups of pyproject.toml (tests/test_environment.py checks the list).
+EXTRAS := lab,dev
 PORT ?= 8888
 TOKEN ?=
 VENV := .venv
@@ -23,7 +36,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 OTHER_KERNELS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2
 
 .PHONY: lab test unit notebooks portability browser outputs bench release check-python clean \
-	hosted site dist
+	lock test-latest hosted site dist
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null || { \
@@ -36,9 +49,11 @@ $(PY): | check-python
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+# The lock first, so that torch finds its own dependencies already at their locked versions.
+$(STAMP): pyproject.toml $(LOCK) | $(PY)
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
 lab: check-python $(STAMP)
@@ -51,7 +66,10 @@ lab: check-python $(STAMP)
 	  $$( [ "$$(uname)" = Linux ] && [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --no-browser ) \
 	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-test: check-python $(STAMP) unit hosted notebooks portability browser
+# Each stage is a target of its own; tools/stages.py prints the time each took at the end.
+TEST_STAGES := unit hosted notebooks portability browser
+test: check-python $(STAMP)
+	@$(PY) tools/stages.py $(TEST_STAGES)
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/ --ignore=tests/browser --ignore=tests/hosted
@@ -60,9 +78,12 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m pytest -p tests.notebook_times $(NBVAL) notebooks/ solutions/
 
-# The lessons once more on other kernel paths (see OTHER_KERNELS).
+# The lessons as on two other CPUs: an AVX2-only one (its kernel paths, and the course's
+# decisions for a CPU that emulates both 16-bit formats), and a Xeon with AMX (bf16 and fp16
+# instructions), whose decisions differ most from AVX2's. Stored outputs must hold on both.
 portability: $(STAMP)
-	$(OTHER_KERNELS) $(PY) -m pytest -p tests.notebook_times $(NBVAL) notebooks/
+	$(OTHER_KERNELS) MPCOURSE_HARDWARE=avx2 $(PY) -m pytest -p tests.notebook_times $(NBVAL) notebooks/
+	MPCOURSE_HARDWARE=amx $(PY) -m pytest -p tests.notebook_times $(NBVAL) notebooks/
 
 # Re-execute every lesson and solution on this machine and store the outputs (INSTRUCTORS.md, 6).
 outputs: $(STAMP)
@@ -93,8 +114,29 @@ dist: $(STAMP)
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# Re-resolve the lock (and environment.yml's pins) from pyproject.toml's ranges with uv, in a
+# venv of its own; INSTRUCTORS.md, section 7, says when and how to read the diff.
+LOCK_TOOLS := build/lock-tools
+lock: check-python
+	@[ -x $(LOCK_TOOLS)/bin/uv ] || { $(PYTHON) -m venv $(LOCK_TOOLS) && \
+	  $(LOCK_TOOLS)/bin/python -m pip install --quiet "uv==0.13.9"; }
+	$(LOCK_TOOLS)/bin/python tools/lock.py --uv $(LOCK_TOOLS)/bin/uv --torch $(LOCKED_TORCH)
+
+# The unit tests and the notebooks against the newest releases pyproject.toml's ranges allow
+# (torch stays TORCH_SPEC's), in .venv-latest; it first lists what differs from the lock.
+LATEST := .venv-latest
+test-latest: check-python
+	rm -rf $(LATEST) && $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST)/bin/python -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[$(EXTRAS)]"
+	$(LATEST)/bin/python tools/lock.py --compare
+	$(LATEST)/bin/python -m pytest tests/ --ignore=tests/browser \
+	  --deselect tests/test_environment.py::test_installed_packages_are_the_lock
+	$(LATEST)/bin/python -m pytest -p tests.notebook_times $(NBVAL) notebooks/ solutions/
+
 release: $(STAMP)
 	$(VENV)/bin/mpcourse release
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST) build *.egg-info
