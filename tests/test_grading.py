@@ -317,41 +317,9 @@ def test_dataclasses_of_modules_the_grader_loaded_are_rebuilt():
 
 def test_a_reported_exception_is_rebuilt_from_builtins_only():
     assert type(codec.decode_error({"$": "raised", "type": "ValueError", "message": "m"})) is ValueError
-    for name in ("SystemExit", "KeyboardInterrupt", "StopIteration", "Evil"):
+    for name in ("SystemExit", "KeyboardInterrupt", "StopIteration", "Evil", "Exception"):
         error = codec.decode_error({"$": "raised", "type": name, "message": "m"})
-        assert type(error) is RuntimeError and str(error) == f"{name}: m"
-
-
-def _call(result, after=None, raised=None):
-    entry = {"call": "f", "after": codec.encode_state(after if after is not None else [[], {}])}
-    entry.update({"raised": codec.encode_error(raised)} if raised else {"result": codec.encode_state(result)})
-    return entry
-
-
-def test_call_logs_match_within_the_tolerance_and_name_the_first_difference():
-    weights = torch.nn.Parameter(torch.ones(3))
-    expected = [_call([1.0, 2.0], [[weights], {}])]
-    close = torch.nn.Parameter(torch.ones(3) * (1 + 1e-7))
-    assert judge.compare_calls(expected, [_call([1.0, 2.0 * (1 + 1e-7)], [[close], {}])]) is None
-    far = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.5]))
-    assert "state differs at [0][0].value by up to 0.5" in judge.compare_calls(expected, [_call([1.0, 2.0], [[far], {}])])
-    assert "the result is 2.5 at [1]" in judge.compare_calls(expected, [_call([1.0, 2.5], [[weights], {}])])
-    assert "raised ValueError" in judge.compare_calls(expected, [_call(None, raised=ValueError("x"))])
-    assert "made 0 call(s)" in judge.compare_calls(expected, [])
-
-
-def test_a_gradient_set_to_none_matches_a_zeroed_one():
-    zeroed, cleared = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
-    zeroed.grad = torch.zeros(2)
-    assert judge.compare_calls([_call(None, [[zeroed], {}])], [_call(None, [[cleared], {}])]) is None
-    zeroed.grad = torch.ones(2)
-    assert judge.compare_calls([_call(None, [[zeroed], {}])], [_call(None, [[cleared], {}])]) is not None
-
-
-def test_a_reason_from_beside_the_answers_is_shown_only_if_the_test_spells_it_out():
-    source = 'assert x == 1, f"the scale should settle, got {x}"'
-    assert judge.trusted_reason(source, "the scale should settle, got 2") == "the scale should settle, got 2"
-    assert judge.trusted_reason(source, "leak: hidden code") == "the test's own checks failed when run beside your code"
+        assert type(error) is codec.UnknownError and str(error) == f"{name}: m"
 
 
 @pytest.mark.parametrize("cell, shown", [

@@ -158,7 +158,7 @@ def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: li
             elif got is None or type(got[index]) is not dict:
                 verdicts[test.id] = (False, "the sandbox sent no result for this test")
             else:
-                verdicts[test.id] = judge.beside_verdict(plan.splits[test.id], plan.reference.get(test.id), got[index])
+                verdicts[test.id] = judge.beside_verdict(plan, test.id, got[index])
         errors = reply.get("errors")
         if first_error is None and type(errors) is list and errors and type(errors[0]) is str:
             first_error = "a code cell raised " + first_line(errors[0], 200)

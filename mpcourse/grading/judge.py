@@ -7,71 +7,90 @@ no submission touches):
 - **in the grader** (a "plain" test): every answer it calls only takes and returns plain data
   (`codec`). The test's code runs here, in the grader's process; each answer name is an
   `AnswerProxy` that sends the arguments to the submission's sandbox, where the learner's
-  function runs, and decodes the reply. The asserts then run on genuine values. The test's code,
-  hidden lines included, never enters the sandbox.
-- **beside the answers** (a test that hands the learner's code a model, an optimizer or a
-  closure): the test runs in a fresh sandboxed process that has loaded only the setup and the
-  learner's answer cells, and it logs, per call of an answer, the result and the arguments'
-  state afterwards (parameters, gradients, optimizer and scaler state). The test passes only if
-  its asserts passed there *and* the log matches the solution's log within a float tolerance
-  (`compare_calls`); the grader computes that comparison, so faking the asserts gains nothing.
+  function runs on its own copy of them, and decodes the reply. The asserts then run on genuine
+  values. The test's code, hidden lines included, never enters the sandbox.
+- **beside the answers** (a "model test": it hands the learner's code a model, an optimizer or a
+  closure): the test, rewritten by `checks.split_test`, runs in a fresh sandboxed process that
+  has run the setup and every code cell of the learner. It logs the values each check is made
+  of; the verdict is the test's own conditions evaluated here on those values, each value also
+  swapped for the solution's (`beside_verdict`). No pass or fail crosses the sandbox's wall, and
+  neither do the conditions, their constants or the messages.
 """
 from __future__ import annotations
 
-import ast
 import contextlib
+import importlib
 import io
-import math
 import types
 from dataclasses import dataclass, field
 
 import torch
 
 from mpcourse.grading import codec
+from mpcourse.grading.checks import Check, SplitTest, decode_leaf, setup_imports, split_tests
 from mpcourse.grading.sandbox import Limits, RequestFailed, Sandbox
-from mpcourse.grading.verdict import first_line, run_test
-
-RTOL, ATOL = 1e-5, 1e-6  # the loosest tolerance any solution test allows (ex09's loop C)
+from mpcourse.grading.verdict import bounded, run_test
 
 
 @dataclass
 class Plan:
     """How each test of one exercise is run, from running the solution once."""
     plain: dict[str, bool]                # test id -> runs in the grader
-    calls: dict[str, list]                # test id -> the solution's log of calls, for the others
+    splits: dict[str, SplitTest]          # test id -> the test as a model test runs it
+    checks: list[Check]                   # every test's checks, numbered across the exercise
+    reference: dict[str, dict]            # test id -> the solution's log of its checks
     kinds: dict[str, str]                 # answer name -> "callable" or "value"
     problems: list[str] = field(default_factory=list)  # solution tests that failed
+    in_place: tuple[str, ...] = ()        # answers whose exercise asks them to change an argument
+    imports: dict = field(default_factory=dict)  # names the setup imports (`checks.setup_imports`)
 
 
 def calibrate(exercise, deadline: float, limits: Limits, sandboxed: bool = True) -> Plan:
     """Run the instructor's solution in a fresh process, sandboxed like a submission (a solutions
     folder is data too), and plan each test."""
+    imports = setup_imports(exercise.setup)
+    split, checks = split_tests([t.source for t in exercise.tests], imports)
+    splits = {t.id: s for t, s in zip(exercise.tests, split)}
     with Sandbox(limits, deadline, sandboxed=sandboxed, trusted=not sandboxed) as worker:
-        reply = worker.request({"op": "record", "setup": list(exercise.setup), "answer_cells": list(exercise.answer_cells),
-                                "answers": list(exercise.answer_names),
-                                "tests": [[t.id, t.source] for t in exercise.tests]}, deadline)
+        reply = record_beside(worker, exercise, list(exercise.answer_cells), exercise.tests, splits, deadline,
+                              log_calls=True)
         kinds = worker.request({"op": "describe", "names": list(exercise.answer_names)}, deadline)["kinds"]
-    plan = Plan({}, {}, kinds)
-    for test in reply["tests"]:
-        plan.plain[test["id"]] = all(call["plain"] for call in test["calls"])
-        plan.calls[test["id"]] = [] if plan.plain[test["id"]] else test["calls"]
-        if not test["passed"]:
-            plan.problems.append(f"{exercise.name}: solution test {test['id']} fails: {test['reason']}")
+    plan = Plan({}, splits, checks, {}, kinds, in_place=tuple(getattr(exercise, "in_place", ())),
+                imports=imports)
+    for test, got in zip(exercise.tests, reply["tests"]):
+        plan.plain[test.id] = all(call["plain"] for call in got["calls"])
+        plan.reference[test.id] = None
+        passed, reason = beside_verdict(plan, test.id, got)
+        plan.reference[test.id] = got
+        if not passed:
+            plan.problems.append(f"{exercise.name}: solution test {test.id} fails: {reason}")
     return plan
+
+
+def record_beside(worker, exercise, cells: list[str], tests, splits: dict, deadline: float,
+                  log_calls: bool = False) -> dict:
+    """Run `tests` as model tests in `worker`: the setup and `cells` first, then the rewritten
+    tests, which reach the process only after every cell of the learner has run."""
+    loaded = worker.request({"op": "load", "setup": list(exercise.setup), "cells": cells}, deadline)
+    reply = worker.request({"op": "record", "answers": list(exercise.answer_names), "log_calls": log_calls,
+                            "tests": [[t.id, splits[t.id].source] for t in tests]}, deadline)
+    return dict(reply, errors=loaded.get("errors"))
 
 
 class AnswerProxy:
     """Stands for one of the learner's functions in a test running in the grader."""
 
-    def __init__(self, name: str, sandbox_call):
-        self._name, self._call = name, sandbox_call
+    def __init__(self, name: str, sandbox_call, in_place: bool = False):
+        self._name, self._call, self._in_place = name, sandbox_call, in_place
 
     def __call__(self, *args, **kwargs):
+        """The learner's function runs on its own copy of the arguments. Only where the exercise
+        asks for an in-place API do its changes come back, for the test to compare explicitly."""
         tensors = codec.tensors_in((args, kwargs))
         reply = self._call({"op": "call", "name": self._name, "args": codec.encode(list(args)),
                             "kwargs": codec.encode(kwargs)})
         for index, data in _checked_list(reply.get("mutated", [])):
-            changed = codec.decode_tensor(data) if type(data) is dict else None
+            changed = codec.decode_tensor(data) if type(data) is dict and self._in_place else None
             if type(index) is int and 0 <= index < len(tensors) and changed is not None:
                 _assign(tensors[index], changed)
         if "raised" in reply:
@@ -116,7 +135,7 @@ def grader_namespace(exercise, plan: Plan, sandbox_call) -> dict:
             except (RequestFailed, SandboxFailure, codec.MalformedData):
                 continue  # missing or not plain data: the tests say NameError
         else:
-            answers[name] = AnswerProxy(name, sandbox_call)
+            answers[name] = AnswerProxy(name, sandbox_call, name in plan.in_place)
     namespace.update(answers)
     with quiet():
         for cell in exercise.setup:
@@ -134,139 +153,60 @@ def quiet():
 
 def run_in_grader(test, namespace) -> tuple[bool, str | None]:
     with quiet():
-        return run_test(test.source, namespace, test.id)
+        return run_test(test.source, namespace, test.id, show_source=False)
 
 
-def beside_verdict(test, expected_calls: list, got: dict) -> tuple[bool, str | None]:
-    """A test run beside the learner's answers: its asserts, then their log against the solution's.
-
-    The asserts come first so that a learner whose code fails them reads the test's own hint,
-    not the first number in which their results differ from the solution's."""
-    calls = got.get("calls")
-    if type(calls) is not list:
-        return False, "the sandbox sent no log of calls"
-    if got.get("passed") is not True:
-        return False, trusted_reason(test.source, got.get("reason"))
-    reason = compare_calls(expected_calls, calls)
-    if reason:
-        return False, reason
+def beside_verdict(plan: Plan, test_id: str, got: dict) -> tuple[bool, str | None]:
+    """A model test's verdict from its log: each check's condition on the learner's values, and on
+    them with each value swapped for the solution's (none while judging the solution itself)."""
+    for module, _ in plan.imports.values():  # what values may be made of (their dataclasses)
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
+    checks, reference = plan.checks, plan.reference.get(test_id)
+    entries, raised = got.get("checks"), got.get("raised")
+    if type(entries) is not list or not all(type(e) is dict for e in entries):
+        return False, "the sandbox sent no log of this test's checks"
+    theirs = _by_check(reference.get("checks") if reference else [])
+    seen: dict[int, int] = {}
+    for entry in entries:
+        number, leaves, names = entry.get("k"), entry.get("leaves"), entry.get("names")
+        if type(number) is not int or not 0 <= number < len(checks) or type(leaves) is not list \
+                or type(names) is not dict:
+            return False, "the sandbox sent a malformed log of this test's checks"
+        occurrence = seen[number] = seen.get(number, -1) + 1
+        check = checks[number]
+        try:
+            mine = [decode_leaf(v) for v in leaves]
+            reference_leaves = theirs.get(number, [])
+            solution = ([decode_leaf(v) for v in reference_leaves[occurrence]]
+                        if occurrence < len(reference_leaves) else None)
+        except codec.MalformedData as error:
+            return False, f"the sandbox sent a malformed value ({bounded(error)})"
+        if not check.passes(mine, solution):
+            values = {}
+            for name in check.names:
+                try:
+                    values[name] = decode_leaf(names.get(name))
+                except codec.MalformedData:
+                    continue
+            return False, check.explain(values, mine)
+    if type(raised) is dict and not (reference and reference.get("raised")):
+        return False, f"the test stopped: {_raised_name(raised)} was raised while it ran your code"
+    if any(seen.get(number, -1) + 1 < len(leaves) for number, leaves in theirs.items()):
+        return False, "the test stopped before all of its checks ran"
     return True, None
 
 
-def trusted_reason(source: str, reason) -> str:
-    """The sandbox's reason, only if it starts with a message the test itself spells out."""
-    if type(reason) is str:
-        for fragment in _message_fragments(source):
-            if reason.startswith(fragment):  # what follows is a formatted value: keep it short
-                return first_line(reason[:len(fragment) + 80], 300)
-    return "the test's own checks failed when run beside your code"
+def _by_check(entries) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for entry in entries or []:
+        out.setdefault(entry["k"], []).append(entry["leaves"])
+    return out
 
 
-def _message_fragments(source: str) -> list[str]:
-    fragments = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            fragments.append(node.value)
-        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
-            fragments.append(node.values[0].value)
-    return sorted((f for f in fragments if len(f) >= 8), key=len, reverse=True)
-
-
-def compare_calls(expected: list, got: list) -> str | None:
-    """Why the learner's log of calls differs from the solution's (None if it matches)."""
-    for number, (want, have) in enumerate(zip(expected, got), 1):
-        if type(have) is not dict or have.get("call") != want.get("call"):
-            return f"call {number}: expected a call of {want.get('call')}, the log shows something else"
-        where = f"call {number} of {want['call']}"
-        if "raised" in want or "raised" in have:
-            want_error = (want.get("raised") or {}).get("type")
-            have_error = (have.get("raised") or {}).get("type") if type(have.get("raised")) is dict else None
-            if want_error != have_error:
-                said = f"raised {have_error}" if have_error else "returned"
-                return f"{where} {said}; the solution " + (f"raises {want_error}" if want_error else "returns")
-        else:
-            difference = differs(want.get("result"), have.get("result"))
-            if difference:
-                return f"{where}: the result {difference}"
-        difference = differs(want.get("after"), have.get("after"))
-        if difference:
-            return f"{where}: afterwards, the arguments' state {difference}"
-    if len(got) != len(expected):
-        return f"the test made {len(got)} call(s) of your functions; with the solution it makes {len(expected)}"
-    return None
-
-
-def differs(want, have, path: str = "") -> str | None:
-    """How `have` (from the sandbox) differs from `want` (from the solution), or None."""
-    at = f" at {path}" if path else ""
-    if type(want) is float or type(have) is float:
-        if type(have) not in (int, float) or type(want) not in (int, float):
-            return f"is {_kind(have)}{at}, the solution's is {_kind(want)}"
-        if not (math.isclose(want, have, rel_tol=RTOL, abs_tol=ATOL) or math.isnan(want) and math.isnan(have)):
-            return f"is {have!r}{at}, the solution's is {want!r}"
-        return None
-    if type(want) is not dict or type(have) is not dict:
-        if type(want) is list and type(have) is list:
-            return _differs_items(want, have, path)
-        if want == have and type(want) is type(have):
-            return None
-        if _is_zero_grad(want, have) or _is_zero_grad(have, want):
-            return None
-        return f"is {_kind(have)}{at}, the solution's is {_kind(want)}"
-    if want.get("$") != have.get("$"):
-        return f"is {_kind(have)}{at}, the solution's is {_kind(want)}"
-    if want.get("$") == "tensor":
-        return _differs_tensor(want, have, at)
-    keys = sorted(set(want) | set(have), key=str)
-    for key in keys:
-        if key == "$":
-            continue
-        inner = differs(want.get(key), have.get(key), path if key == "items" else f"{path}.{key}" if path else key)
-        if inner:
-            return inner
-    return None
-
-
-def _differs_items(want: list, have: list, path: str) -> str | None:
-    if len(want) != len(have):
-        return f"has {len(have)} items at {path or 'top'}, the solution's has {len(want)}"
-    for index, (a, b) in enumerate(zip(want, have)):
-        inner = differs(a, b, f"{path}[{index}]")
-        if inner:
-            return inner
-    return None
-
-
-def _differs_tensor(want: dict, have: dict, at: str) -> str | None:
-    try:
-        a, b = codec.decode_tensor(want), codec.decode_tensor(have)
-    except codec.MalformedData as error:
-        return f"is not a valid tensor{at} ({error})"
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return f"is a {b.dtype} tensor of shape {tuple(b.shape)}{at}, the solution's is {a.dtype} {tuple(a.shape)}"
-    if a.is_floating_point():
-        a64, b64 = a.double(), b.double()
-        if torch.allclose(a64, b64, rtol=RTOL, atol=ATOL, equal_nan=True):
-            return None
-        gap = (a64 - b64).abs().nan_to_num(math.inf).max().item() if a.numel() else 0.0
-        return f"differs{at} by up to {gap:.3g}"
-    return None if torch.equal(a, b) else f"differs{at}"
-
-
-def _is_zero_grad(none, tensor) -> bool:
-    """A gradient set to None and one zeroed in place mean the same to every optimizer."""
-    if none is not None or type(tensor) is not dict or tensor.get("$") != "tensor":
-        return False
-    try:
-        return not codec.decode_tensor(tensor).any().item()
-    except codec.MalformedData:
-        return False
-
-
-def _kind(value) -> str:
-    if type(value) is dict:
-        return {"tensor": "a tensor", "raised": "an exception"}.get(value.get("$"), f"a {value.get('$')}")
-    return "None" if value is None else f"a {type(value).__name__}"
+def _raised_name(raised: dict) -> str:
+    name = raised.get("type")
+    return name[:60] if type(name) is str and name.isidentifier() else "an exception"
 
 
 class SandboxFailure(Exception):

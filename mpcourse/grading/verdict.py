@@ -14,16 +14,32 @@ def first_line(text, limit=300):
     return ""
 
 
-def run_test(source, namespace, name="test"):
-    """Run a test's code in `namespace`; return (passed, reason). A test passes if nothing raises."""
+def bounded(text, limit=80):
+    """Text that may come from a submission: its first line, quoted and cut to `limit` characters."""
+    line = first_line(text, limit + 1)
+    return repr(line[:limit]) + ("…" if len(line) > limit else "")
+
+
+def run_test(source, namespace, name="test", show_source=True):
+    """Run a test's code in `namespace`; return (passed, reason). A test passes if nothing raises.
+
+    An assertion's reason is its own message; without one, the failing line when `show_source`
+    (the learner's own notebook), else only that an assertion failed (a hidden test's code must not
+    reach a gradebook). Any other exception is named, with its message quoted and cut short: it
+    may carry a submission's text."""
     filename = "<test " + name + ">"
     try:
         exec(compile(source, filename, "exec"), namespace)
         return True, None
     except AssertionError as error:
-        reason = first_line(error) or "assertion failed: " + _failing_line(error, source, filename)
+        if first_line(error):
+            reason = first_line(error)
+        elif show_source:
+            reason = "assertion failed: " + _failing_line(error, source, filename)
+        else:
+            reason = "an assertion of this test failed"
     except (Exception, SystemExit) as error:
-        reason = type(error).__name__ + (": " + first_line(error) if first_line(error) else "")
+        reason = type(error).__name__ + (": " + bounded(error) if first_line(error) else "")
     return False, reason
 
 

@@ -9,8 +9,9 @@ Nothing here is trusted: the learner's code runs in this process and may change 
 grader treats every reply as untrusted data (`codec.decode`), never as a verdict.
 
 Requests (`op`): `run_cell` (a learner's code cell), `describe` (what each answer name holds),
-`value`, `call` and `code_names` (one answer, for a test running in the grader), and `record`
-(run tests beside the answers and return what each call of an answer did, see `Recorder`).
+`value`, `call` and `code_names` (one answer, for a test running in the grader), `load` (the
+setup and every code cell of the learner, for model tests) and `record` (run model tests, as
+`checks.split_test` rewrote them, and log the values their checks are made of).
 """
 import importlib.util
 import json
@@ -35,7 +36,10 @@ dumps, loads = json.dumps, json.loads  # taken before any learner code can repla
 
 
 def confine(limits):
-    """Resource limits, then (when root) an unprivileged user: before any learner code runs."""
+    """Resource limits, then (when root) the sandbox's own unprivileged uid, no other sandbox's:
+    before any learner code runs. RLIMIT_NPROC counts the uid's threads, so with a uid per
+    sandbox it bounds this sandbox alone; RLIMIT_NOFILE bounds the pipes and sockets (and so the
+    kernel buffers) it can hold."""
     for name, value in (("RLIMIT_AS", limits.get("memory")), ("RLIMIT_CPU", limits.get("cpu")),
                         ("RLIMIT_FSIZE", limits.get("file_size")), ("RLIMIT_NPROC", limits.get("processes")),
                         ("RLIMIT_NOFILE", limits.get("open_files")), ("RLIMIT_CORE", 0)):
@@ -49,11 +53,10 @@ def confine(limits):
 
 
 class Recorder:
-    """An answer wrapped so that each call the test makes is logged as data.
-
-    The log entry holds the result (or the exception's type), the state of the arguments after
-    the call, and whether the call could have gone through plain data (`codec.encode`) instead.
-    Calls an answer makes to another answer are not logged: only the test's own calls count.
+    """An answer wrapped so that each call a test makes is logged: whether it could have gone
+    through plain data (`codec.encode`) instead. The trusted run of the solution uses this to
+    choose where each test runs (`judge.calibrate`). Calls an answer makes to another answer are
+    not logged: only the test's own calls count.
     """
     depth = 0
 
@@ -67,15 +70,13 @@ class Recorder:
         Recorder.depth += 1
         try:
             result = self._target(*args, **kwargs)
-        except BaseException as error:
-            self._log.append({"call": self._name, "raised": codec.encode_error(error),
-                              "after": codec.encode_state([list(args), kwargs]), "plain": before is not None})
+        except BaseException:
+            self._log.append({"call": self._name, "plain": before is not None})
             raise
         finally:
             Recorder.depth -= 1
         plain = before is not None and before == _plain_shape((args, kwargs)) and _plain_shape(result) is not None
-        self._log.append({"call": self._name, "result": codec.encode_state(result),
-                          "after": codec.encode_state([list(args), kwargs]), "plain": plain})
+        self._log.append({"call": self._name, "plain": plain})
         return result
 
     def __getattr__(self, attribute):
@@ -100,6 +101,51 @@ def _strip_data(encoded):
     if isinstance(encoded, dict):
         return "{" + ",".join(f"{k}:{_strip_data(v)}" for k, v in encoded.items() if k != "data") + "}"
     return json.dumps(encoded)
+
+
+# ---- a model test's checks, as `checks.split_test` rewrote them: values logged, never judged ----
+
+MAX_NAME_CHARS = 4000  # a message's value bigger than this is logged by its type only
+
+
+class _Rows:
+    def __init__(self, rows):
+        self.rows = rows
+
+
+class _LeafError:
+    def __init__(self, error):
+        self.type = type(error).__name__
+
+
+def _tried(thunk):
+    try:
+        return thunk()
+    except Exception as error:  # noqa: BLE001: the grader decides what a failed value means
+        return _LeafError(error)
+
+
+def _encode_leaf(value):
+    if isinstance(value, _Rows):
+        return {"$": "rows", "items": [[_encode_leaf(v) for v in row] for row in value.rows]}
+    if isinstance(value, _LeafError):
+        return {"$": "leaf-error", "type": value.type}
+    if isinstance(value, BaseException):
+        return codec.encode_error(value)
+    try:
+        return codec.encode(value)
+    except Exception:  # noqa: BLE001: not plain data, or a value that fails to encode
+        return {"$": "opaque", "type": type(value).__name__}
+
+
+def _check_logger(entries):
+    def check(number, leaves, names):
+        logged = {}
+        for name, thunk in names:
+            encoded = _encode_leaf(_tried(thunk))
+            logged[name] = encoded if len(dumps(encoded)) <= MAX_NAME_CHARS else {"$": "opaque", "type": "large"}
+        entries.append({"k": number, "leaves": [_encode_leaf(_tried(t)) for t in leaves], "names": logged})
+    return check
 
 
 class Worker:
@@ -146,24 +192,39 @@ class Worker:
     def code_names(self, name):
         return {"names": [str(n) for n in getattr(self.answer(name), "__code__").co_names]}
 
-    def record(self, setup, answer_cells, answers, tests):
-        """Run the tests beside the answers; per test: passed, reason and the log of its calls."""
+    def load(self, setup, cells):
+        """The setup, every code cell of the learner (as Jupyter runs them), the setup again (its
+        helpers as the tests expect them); return the cells' errors."""
         for cell in setup:  # imports and helpers first: an answer's defaults may use them
             verdict.run_test(cell, self.namespace, "setup")
-        errors = [e for e in (self.run_cell(c)["error"] for c in answer_cells) if e]
-        for cell in setup:  # again, now that cells calling the answers can run
+        errors = [e for e in (self.run_cell(c)["error"] for c in cells) if e]
+        for cell in setup:
             verdict.run_test(cell, self.namespace, "setup")
+        return {"errors": errors}
+
+    def record(self, answers, tests, log_calls=False):
+        """Run tests rewritten by `checks.split_test` beside the answers; per test, the values of
+        its checks and the exception that ended it, if any (and, for the trusted run of the
+        solution, whether each call of an answer could go through plain data)."""
         # The tests get their own namespace: what they define (hidden helpers included) is not
         # among the globals of the learner's functions.
-        log, out, tests_namespace = [], [], dict(self.namespace)
-        for name in answers:
-            if name in self.namespace and callable(self.namespace[name]):
-                tests_namespace[name] = Recorder(name, self.namespace[name], log)
+        calls, out, tests_namespace = [], [], dict(self.namespace)
+        if log_calls:
+            for name in answers:
+                if name in self.namespace and callable(self.namespace[name]):
+                    tests_namespace[name] = Recorder(name, self.namespace[name], calls)
+        tests_namespace.update(__mpcourse_rows__=_Rows, __mpcourse_try__=_tried)
         for test_id, source in tests:
-            log.clear()
-            passed, reason = verdict.run_test(source, tests_namespace, test_id)
-            out.append({"id": test_id, "passed": passed, "reason": reason, "calls": list(log)})
-        return {"tests": out, "errors": errors}
+            calls.clear()
+            entries = []
+            tests_namespace["__mpcourse_check__"] = _check_logger(entries)
+            try:
+                exec(compile(source, "<test>", "exec"), tests_namespace)
+                raised = None
+            except BaseException as error:  # noqa: BLE001: the grader decides
+                raised = codec.encode_error(error)
+            out.append({"id": test_id, "checks": entries, "raised": raised, "calls": list(calls)})
+        return {"tests": out}
 
 
 def _describe(error):
