@@ -99,7 +99,7 @@ browser: $(STAMP)
 # and exercise 01 alone in a bare Python (torch, Jupyter's kernel, nbval) whose first cell installs
 # that wheel, as it installs the package in Colab or Kaggle.
 hosted: $(STAMP)
-	$(PY) -m pytest -rs tests/hosted/
+	$(PY) -m pytest -rs tests/hosted/wheel_checks.py tests/hosted/hosted_notebook_checks.py
 
 # The course as a static website in build/site, rendered from the notebooks' stored outputs
 # (nothing is executed): site/conf.py. tests/browser/test_site.py checks it in Chromium.

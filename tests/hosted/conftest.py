@@ -3,7 +3,8 @@
 Each bare Python is a fresh virtual environment (no system site-packages) holding torch (the
 version this test runs with, so pip finds it where `make test` found it) and, for the hosted
 notebooks, Jupyter's kernel and nbval: what Colab and Kaggle offer, less this course. Building
-them installs torch twice, so these tests run in `make hosted`, not in `make unit`.
+them installs torch twice, so the test files are named *_checks.py, which `pytest tests/` does
+not collect; `make hosted` (part of `make test`) names them.
 """
 from __future__ import annotations
 
