@@ -104,7 +104,7 @@ hosted: $(STAMP)
 # The course as a static website in build/site, rendered from the notebooks' stored outputs
 # (nothing is executed): site/conf.py. tests/browser/test_site.py checks it in Chromium.
 site: $(STAMP)
-	$(PY) -m sphinx -q -b html -c site . build/site
+	$(PY) -m sphinx -q -b html site build/site
 	@echo "open build/site/index.html"
 
 # The wheel and the sdist, in dist/.
