@@ -134,13 +134,12 @@ def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: li
     in_grader = [t for t in exercise.tests if plan.plain.get(t.id)]
     beside = [t for t in exercise.tests if not plan.plain.get(t.id)]
     if in_grader:
-        with NotebookRunner(cells, options, notes) as runner:
+        with NotebookRunner(cells, options, notes, exercise.write_yourself) as runner:
             first_error = runner.first_error
             namespace = judge.grader_namespace(exercise, plan, runner.request)
             for test in in_grader:
-                runner.deadline = time.monotonic() + options.timeout  # each test's own time
+                runner.begin_test()
                 verdicts[test.id] = judge.run_in_grader(test, namespace)
-                runner.raise_if_over()
     if beside:
         deadline = time.monotonic() + options.timeout * (1 + len(beside))  # the cells', then each test's
         try:
@@ -174,11 +173,11 @@ def _raise_if_timed_out(gone: WorkerGone, options: Options):
 class NotebookRunner:
     """The submission's notebook in a sandboxed worker; restarted without a cell that kills it."""
 
-    def __init__(self, cells: list[str], options: Options, notes: list):
-        self.cells, self.options, self.notes = cells, options, notes
+    def __init__(self, cells: list[str], options: Options, notes: list, write_yourself=()):
+        self.cells, self.options, self.notes, self.write_yourself = cells, options, notes, write_yourself
         self.deadline = 0.0
-        self.skipped, self.restarts, self.first_error, self.over = set(), 0, None, None
-        self.worker = None
+        self.skipped, self.restarts, self.first_error = set(), 0, None
+        self.worker, self.lost = None, False
         try:
             self._start()
         except BaseException:
@@ -194,6 +193,8 @@ class NotebookRunner:
             except WorkerGone as gone:
                 _raise_if_timed_out(gone, self.options)
                 raise SubmissionFailed(f"the sandbox could not start: {gone}") from None
+            if self.write_yourself:  # the library's answers become stubs before any cell runs
+                self.worker.request({"op": "stub", "targets": list(self.write_yourself)}, self.deadline)
             for index, source in enumerate(self.cells):
                 if index in self.skipped:
                     continue
@@ -220,24 +221,26 @@ class NotebookRunner:
         if self.restarts > MAX_RESTARTS:
             raise SubmissionFailed(f"the submission's process died {self.restarts} times")
 
+    def begin_test(self):
+        """Each test gets its own time; a worker lost in the previous test is restarted first."""
+        if self.lost:
+            self.lost = False
+            self._restart_allowed()
+            self._start()
+        self.deadline = time.monotonic() + self.options.timeout
+
     def request(self, message: dict) -> dict:
         """A request from a test running here; a worker that dies is restarted for the next test."""
+        if self.lost:
+            raise judge.SandboxFailure("the submission's process was lost earlier in this test")
         try:
             return self.worker.request(message, self.deadline)
         except WorkerGone as gone:
             what = (f"ran longer than the test's {self.options.timeout:g} s" if "timed out" in str(gone)
                     else str(gone).removeprefix("the submission's process "))
-            try:
-                self._restart_allowed()
-                self._start()
-            except SubmissionFailed as failure:
-                self.over = failure
+            self.lost = True
             raise judge.SandboxFailure(f"the submission's process {what} while running "
                                        f"{message.get('name', 'the test')}") from None
-
-    def raise_if_over(self):
-        if self.over is not None:
-            raise self.over
 
     def __enter__(self):
         return self

@@ -87,13 +87,13 @@ class RequestFailed(Exception):
     """The worker is alive but answered a request with a failure (a missing name, bad data...)."""
 
 
-@functools.lru_cache(maxsize=None)
 def sandbox_uid() -> int:
     """A uid no other sandbox of this machine holds now: from this process's id and a counter
     (64 sandboxes at once per grading process; a sandbox's processes all die with it)."""
     return FIRST_UID + (os.getpid() % (1 << 22)) * 64 + next(_sandbox_numbers) % 64
 
 
+@functools.lru_cache(maxsize=None)
 def sandbox_problem() -> str | None:
     """Why no sandbox can be made here (None when one can)."""
     if sys.platform != "linux":
