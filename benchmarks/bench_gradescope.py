@@ -25,31 +25,38 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT))
 from mpcourse.grading.exercise import find_solutions  # noqa: E402
 from mpcourse.grading.platforms.gradescope_zip import build_autograder  # noqa: E402
 
 
-def descendants_rss(pid: int) -> int:
-    """Summed resident bytes of `pid` and every process below it."""
-    children, total = {}, 0
+def descendants(pid: int) -> tuple[int, dict[int, float]]:
+    """Summed resident bytes of `pid` and every process below it, and each one's CPU seconds so far.
+
+    CPU is read from /proc while the processes live: a sandbox's processes die with its PID
+    namespace and are never waited for, so the kernel's children accounting misses them.
+    """
+    children, stats = {}, {}
     for status in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = status.read_text().rsplit(")", 1)[1].split()
             children.setdefault(int(fields[1]), []).append(int(status.parent.name))
+            stats[int(status.parent.name)] = (int(fields[11]) + int(fields[12])) / TICKS
         except (OSError, IndexError, ValueError):
             continue
-    todo = [pid]
+    todo, rss, cpu = [pid], 0, {}
     while todo:
         current = todo.pop()
         todo += children.get(current, [])
+        cpu[current] = stats.get(current, 0.0)
         try:
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) << 10
+                    rss += int(line.split()[1]) << 10
         except OSError:
             pass
-    return total
+    return rss, cpu
 
 
 def measure(exercise: str, folder: Path) -> tuple[float, float, int, str]:
@@ -63,23 +70,23 @@ def measure(exercise: str, folder: Path) -> tuple[float, float, int, str]:
     os.chmod(root / "source" / "run_autograder", 0o755)
     shutil.copy(ROOT / "solutions" / f"{exercise}.ipynb", root / "submission")
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable)
-    before = os.times()
     start = time.perf_counter()
     process = subprocess.Popen([str(root / "source" / "run_autograder")], env=env, cwd=root,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    peak = [0]
+    peak, seconds = [0], {}
 
     def sample():
         while process.poll() is None:
-            peak[0] = max(peak[0], descendants_rss(process.pid))
+            rss, cpu = descendants(process.pid)
+            peak[0] = max(peak[0], rss)
+            seconds.update(cpu)
             time.sleep(0.05)
     sampler = threading.Thread(target=sample)
     sampler.start()
     output = process.communicate()[0].decode(errors="replace")
     sampler.join()
     wall = time.perf_counter() - start
-    after = os.times()
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    cpu = sum(seconds.values())
     score = next((line.split(f"[{exercise}]")[1].split()[0] for line in output.splitlines()
                   if f"[{exercise}]" in line), "?")
     return wall, cpu, peak[0], score

@@ -214,3 +214,16 @@ def test_bad_hidden_visibility_is_refused_naming_the_choices(tmp_path):
     assert done.returncode == 2 and "after_published" in done.stderr
     done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(tmp_path / "x.zip"), "ex99_nope")
     assert done.returncode == 2 and "ex99_nope" in done.stderr and "ex00_bytes" in done.stderr
+
+
+def test_one_autograder_for_every_exercise_gives_every_solution_full_marks(tmp_path):
+    out = tmp_path / "all.zip"
+    done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(out), "--all")
+    assert done.returncode == 0, done.stderr
+    solutions = sorted((ROOT / "solutions").glob("ex*.ipynb"))
+    with zipfile.ZipFile(out) as zf:
+        config = json.loads(zf.read("mpcourse-autograder.json"))
+    assert [e["name"] for e in config["exercises"]] == [p.stem for p in solutions]
+    results = run_autograder(gradescope_root(tmp_path, out), *[(p.name, p) for p in solutions])
+    expected = {f"{p.stem}: {t.id}": (t.points, t.points) for p in solutions for t in load_exercise(p).tests}
+    assert scores(results) == expected, results["output"]
