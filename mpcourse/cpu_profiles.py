@@ -14,6 +14,7 @@ none was at hand, modelled and said so.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 VARIABLE = "MPCOURSE_HARDWARE"
@@ -77,3 +78,20 @@ def active_profile() -> CpuProfile | None:
         raise ValueError(f"{VARIABLE}={name!r} is not a hardware profile; choose one of "
                          f"{', '.join(PROFILES)}, or unset it to use this machine's own CPU")
     return PROFILES[name]
+
+
+@contextmanager
+def simulated(name: str):
+    """Within the block, the course decides as on the recorded CPU `name` (as if
+    `MPCOURSE_HARDWARE=name` had been set); afterwards, as before."""
+    if name not in PROFILES:
+        raise ValueError(f"{name!r} is not a hardware profile; choose one of {', '.join(PROFILES)}")
+    before = os.environ.get(VARIABLE)
+    os.environ[VARIABLE] = name
+    try:
+        yield PROFILES[name]
+    finally:
+        if before is None:
+            del os.environ[VARIABLE]
+        else:
+            os.environ[VARIABLE] = before

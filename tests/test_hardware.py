@@ -174,3 +174,18 @@ def test_an_unknown_profile_is_refused_by_name(monkeypatch, capsys):
         hardware.report()
     assert main(["doctor"]) == 2
     assert "is not a hardware profile" in capsys.readouterr().err
+
+
+def test_simulated_sets_the_profile_for_a_block_and_restores_it(monkeypatch):
+    monkeypatch.setenv("MPCOURSE_HARDWARE", "amx")
+    with cpu_profiles.simulated("avx2") as profile:
+        assert profile.name == "avx2" and hardware.report().profile == "avx2"
+        assert not hardware.report().precisions["bf16"].accelerated
+    assert hardware.report().profile == "amx"
+    monkeypatch.delenv("MPCOURSE_HARDWARE")
+    with pytest.raises(RuntimeError), cpu_profiles.simulated("arm"):
+        raise RuntimeError("the block fails")
+    assert hardware.report().profile is None
+    with pytest.raises(ValueError, match="'sse' is not a hardware profile"):
+        with cpu_profiles.simulated("sse"):
+            pass
