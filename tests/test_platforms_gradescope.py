@@ -227,3 +227,37 @@ def test_one_autograder_for_every_exercise_gives_every_solution_full_marks(tmp_p
     results = run_autograder(gradescope_root(tmp_path, out), *[(p.name, p) for p in solutions])
     expected = {f"{p.stem}: {t.id}": (t.points, t.points) for p in solutions for t in load_exercise(p).tests}
     assert scores(results) == expected, results["output"]
+
+
+def _without_bwrap(tmp_path) -> dict:
+    """An environment whose PATH has bash but no bwrap: a container where bubblewrap is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(shutil.which("bash"), bin_dir / "bash")
+    return {"PATH": str(bin_dir)}
+
+
+def test_without_a_sandbox_the_autograder_refuses_and_says_so(ex00_zip, tmp_path):
+    root = gradescope_root(tmp_path, ex00_zip)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable, **_without_bwrap(tmp_path))
+    check = subprocess.run(["bash", str(root / "source" / "setup.sh"), "--check"], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert check.returncode == 1 and "run_autograder will refuse" in check.stdout
+    (root / "submission" / "ex00_bytes.ipynb").write_bytes((ROOT / "solutions" / "ex00_bytes.ipynb").read_bytes())
+    done = subprocess.run([str(root / "run_autograder")], capture_output=True, text=True, env=env, timeout=300)
+    results = json.loads((root / "results" / "results.json").read_text())
+    jsonschema.validate(results, SCHEMA)
+    assert done.returncode == 0 and total(results) == 0 and "could not start its sandbox" in results["output"]
+
+
+def test_allow_unsandboxed_grades_without_bubblewrap_and_warns(tmp_path):
+    out = tmp_path / "unsafe.zip"
+    assert _cli("autograder", "gradescope", "--out", str(out), "--allow-unsandboxed", "ex00").returncode == 0
+    root = gradescope_root(tmp_path, out)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable, **_without_bwrap(tmp_path))
+    (root / "submission" / "ex00_bytes.ipynb").write_bytes((ROOT / "solutions" / "ex00_bytes.ipynb").read_bytes())
+    done = subprocess.run([str(root / "run_autograder")], capture_output=True, text=True, env=env, timeout=600)
+    results = json.loads((root / "results" / "results.json").read_text())
+    jsonschema.validate(results, SCHEMA)
+    assert total(results) == EX00.max_score and "WITHOUT the sandbox" in done.stdout
+    assert "sandbox" in results["output"]  # the grader's own note that the run was unprotected
