@@ -113,6 +113,11 @@ def test_the_zip_has_gradescopes_files_at_its_root_executable(ex00_zip):
     for script in ("setup.sh", "run_autograder"):
         assert (names[script].external_attr >> 16) & 0o111 == 0o111, f"{script} is not executable in the zip"
     assert "solutions/ex00_bytes.ipynb" in names and "course/pyproject.toml" in names
+    with zipfile.ZipFile(ex00_zip) as zf:  # the course's lock travels with it, and setup.sh installs that file
+        assert zf.read("course/requirements-lock.txt") == (ROOT / "requirements-lock.txt").read_bytes()
+        setup = zf.read("setup.sh").decode()
+    assert 'LOCK="$SOURCE/course/requirements-lock.txt"' in setup and '--require-hashes -r "$LOCK"' in setup
+    assert "@TORCH_SPEC@" not in setup and 'TORCH_SPEC="${TORCH_SPEC:-torch==' in setup
     assert "course/mpcourse/grading/platforms/gradescope_run.py" in names
     assert not any("__pycache__" in name for name in names)
     assert [e["name"] for e in config["exercises"]] == ["ex00_bytes"]

@@ -34,13 +34,14 @@ WORKFLOW_NAME, JOB = "Autograding Tests", "run-autograding-tests"  # the names C
 COMMAND_GRADER = "classroom-resources/autograding-command-grader@v1"
 REPORTER = "classroom-resources/autograding-grading-reporter@v1"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-LOCK_FILE = "requirements.lock"
+LOCK_FILE = "requirements-lock.txt"  # the course's lock, in the learner's copy of the repository
 CACHE = Path(".mpcourse-classroom")
-INSTALL = f"""python -m pip install --extra-index-url {TORCH_INDEX} "${{TORCH_SPEC:-torch}}"
-if [ -f {LOCK_FILE} ]; then
-  python -m pip install --extra-index-url {TORCH_INDEX} -r {LOCK_FILE}
+INSTALL = f"""if [ -f {LOCK_FILE} ]; then
+  python -m pip install --require-hashes -r {LOCK_FILE}
+  python -m pip install --index-url {TORCH_INDEX} "${{TORCH_SPEC:-torch}}"
   python -m pip install --no-deps -e .
 else
+  python -m pip install --index-url {TORCH_INDEX} "${{TORCH_SPEC:-torch}}"
   python -m pip install -e .
 fi"""
 

@@ -11,6 +11,7 @@ the same functions as `mpcourse grade`, in the same bubblewrap sandbox.
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -22,23 +23,24 @@ from mpcourse.grading.grader import load_exercises
 from mpcourse.grading.platforms.gradescope_results import HIDDEN_CHOICES
 
 CONFIG = "mpcourse-autograder.json"
-LOCK_FILE = "requirements.lock"  # the course's locked dependencies, beside pyproject.toml
+LOCK_FILE = "requirements-lock.txt"  # the course's locked dependencies (with hashes), beside pyproject.toml
 COURSE_FILES = ("pyproject.toml", "README.md", LOCK_FILE)
 EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: the same inputs give the same bytes
 
 SETUP_SH = r'''#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image.
-#   setup.sh           install Python, the locked dependencies, the course and bubblewrap
+#   setup.sh           install Python, the locked dependencies, torch, the course and bubblewrap
 #   setup.sh --check   install nothing; say whether everything run_autograder needs is there
 # AUTOGRADER_ROOT (default /autograder) and MPCOURSE_PYTHON (default the venv below) let a test
-# lay out Gradescope's folders anywhere.
+# lay out Gradescope's folders anywhere. The order is the Makefile's: the lock, then torch, then
+# the course without dependencies.
 set -uo pipefail
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 SOURCE="$ROOT/source"
 VENV="$ROOT/venv"
 PYTHON="${MPCOURSE_PYTHON:-$VENV/bin/python}"
-LOCK="$SOURCE/course/requirements.lock"  # the locked dependencies; the one place this script names them
-TORCH_SPEC="${TORCH_SPEC:-torch}"
+LOCK="$SOURCE/course/requirements-lock.txt"  # the locked dependencies; the one place this script names them
+TORCH_SPEC="${TORCH_SPEC:-@TORCH_SPEC@}"  # the torch the lock was resolved with (the Makefile's LOCKED_TORCH)
 TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"  # CPU wheels: PyPI's Linux torch is a CUDA build
 
 check() {
@@ -61,13 +63,16 @@ apt-get install -y --no-install-recommends bubblewrap python3-venv python3-pip
 if apt-get install -y --no-install-recommends python3.11 python3.11-venv; then BASE=python3.11; else BASE=python3; fi
 "$BASE" -m venv "$VENV"
 "$VENV/bin/pip" install --upgrade pip
-"$VENV/bin/pip" install --extra-index-url "$TORCH_INDEX" "$TORCH_SPEC"
 if [ -f "$LOCK" ]; then
-  "$VENV/bin/pip" install --extra-index-url "$TORCH_INDEX" -r "$LOCK"
-  "$VENV/bin/pip" install --no-deps "$SOURCE/course"
+  "$VENV/bin/pip" install --require-hashes -r "$LOCK"
 else
   echo "setup.sh: no lock file in this zip; installing the course's declared (unpinned) dependencies"
-  "$VENV/bin/pip" install --extra-index-url "$TORCH_INDEX" "$SOURCE/course"
+fi
+"$VENV/bin/pip" install --index-url "$TORCH_INDEX" "$TORCH_SPEC"
+if [ -f "$LOCK" ]; then
+  "$VENV/bin/pip" install --no-deps "$SOURCE/course"
+else
+  "$VENV/bin/pip" install "$SOURCE/course"
 fi
 chmod -R go-rwx "$SOURCE"  # the solutions and hidden tests: readable by root alone
 set +e
@@ -89,6 +94,13 @@ def hidden_test_ids(solution: Path) -> list[str]:
     nb = nbformat.read(solution, as_version=4)
     return [cell.metadata["nbgrader"]["grade_id"] for cell in nb.cells
             if is_test_cell(cell) and any(line.strip() == BEGIN_HIDDEN for line in cell.source.splitlines())]
+
+
+def locked_torch(root: Path) -> str:
+    """The torch requirement the lock was resolved with: the Makefile's LOCKED_TORCH, else any torch."""
+    makefile = root / "Makefile"
+    found = re.search(r"^LOCKED_TORCH\s*:?=\s*(\S+)", makefile.read_text(), re.M) if makefile.is_file() else None
+    return f"torch=={found.group(1)}" if found else "torch"
 
 
 def course_root() -> Path:
@@ -129,7 +141,7 @@ def build_autograder(solutions: str | Path, out: str | Path, exercises: list[str
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        _add(zf, "setup.sh", SETUP_SH, executable=True)
+        _add(zf, "setup.sh", SETUP_SH.replace("@TORCH_SPEC@", locked_torch(root)), executable=True)
         _add(zf, "run_autograder", RUN_AUTOGRADER, executable=True)
         _add(zf, CONFIG, json.dumps(config, indent=1) + "\n")
         for exercise in chosen:
