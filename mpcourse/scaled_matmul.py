@@ -5,8 +5,8 @@ A low-precision GEMM multiplies the small elements exactly (an FP8 x FP8 product
 keeps matters once K is large: DeepSeek-V3 reports that Hopper's FP8 tensor cores keep about
 14, which costs up to ~2% relative error at K = 4096, and that promoting the partial sum to an
 FP32 accumulator every 128 elements cures it. `Accumulator` describes such an accumulator and
-`scaled_matmul(a, b, accumulator)` computes a @ b.T with it; `torch_scaled_mm(a, b)` runs the
-same product through torch's real FP8 GEMM (TensorWise and RowWise scaling) for comparison.
+`scaled_matmul(a, b, accumulator)` computes a @ b.T with it; `mpcourse.torch_scaled_mm` runs
+the same product through torch's real scaled GEMMs for comparison.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from mpcourse.blockscale import Quantized
-from mpcourse.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
+from mpcourse.formats import FloatFormat, round_to
 
 
 @dataclass(frozen=True)
@@ -98,28 +98,6 @@ def _reduced_sum(a: torch.Tensor, b: torch.Tensor, accumulator: Accumulator) -> 
     for k in range(a.shape[1]):
         total = round_to(total + a[:, k, None] * b[None, :, k], fmt, accumulator.rounding)
     return total
-
-
-def torch_scaled_mm(a: Quantized, b: Quantized) -> torch.Tensor:
-    """a @ b.T through `torch._scaled_mm`, torch's FP8 GEMM, with TensorWise (one scale per
-    tensor) or RowWise (one per row of a and of b) scaling; float32 output.
-
-    The elements are cast to torch's FP8 dtype, which is exact: they are on the grid already.
-    """
-    dtypes = {FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2}
-    for name, q in (("a", a), ("b", b)):
-        if q.recipe.element not in dtypes or q.recipe.tensor_scale or q.recipe.block[1] is not None:
-            raise ValueError(f"torch._scaled_mm takes FP8 elements with one scale per tensor or "
-                             f"per row; {name} is {q.recipe.name}")
-    a8 = a.elements.to(dtypes[a.recipe.element]).contiguous()
-    b8 = b.elements.to(dtypes[b.recipe.element]).contiguous()
-    scale_a, scale_b = a.scales.float(), b.scales.float()
-    if scale_a.numel() == 1 and scale_b.numel() == 1:
-        scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
-    else:   # RowWise: scale_a is (M, 1), scale_b (1, N)
-        scale_a = scale_a.expand(a8.shape[0], 1).contiguous()
-        scale_b = scale_b.expand(b8.shape[0], 1).reshape(1, -1).contiguous()
-    return torch._scaled_mm(a8, b8.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32)
 
 
 def _k_block(q: Quantized) -> int:

@@ -6,8 +6,8 @@ import torch
 from mpcourse.blockscale import (BLOCK_128x128, MXFP4, MXFP8_E4M3, NVFP4, PER_ROW, PER_TENSOR,
                                  TILE_1x128, BlockScaling, quantize)
 from mpcourse.formats import FP8_E5M2
-from mpcourse.scaled_matmul import (FP32_ACCUMULATOR, Accumulator, scaled_matmul,
-                                    torch_scaled_mm)
+from mpcourse.scaled_matmul import FP32_ACCUMULATOR, Accumulator, scaled_matmul
+from mpcourse.torch_scaled_mm import torch_scaled_mm
 
 PER_ROW_E5M2 = BlockScaling("per-row E5M2", FP8_E5M2, (1, None))
 
@@ -100,8 +100,10 @@ def test_bad_input_is_rejected():
         scaled_matmul(quantize(a, PER_TENSOR), quantize(b[:, :32], PER_TENSOR))
     with pytest.raises(ValueError, match="scales change every 32 elements.*promote_every=None"):
         scaled_matmul(quantize(a, MXFP8_E4M3), quantize(b, MXFP8_E4M3), Accumulator(14))
-    with pytest.raises(ValueError, match="_scaled_mm takes FP8 elements.*MXFP8"):
-        torch_scaled_mm(quantize(a, MXFP8_E4M3), quantize(b, MXFP8_E4M3))
+    with pytest.raises(ValueError, match="does not pair BlockWise1x32 \\(a\\) with TensorWise"):
+        torch_scaled_mm(quantize(a, MXFP8_E4M3), quantize(b, PER_TENSOR))
+    with pytest.raises(ValueError, match="no layout for MXFP4"):
+        torch_scaled_mm(quantize(a, MXFP4), quantize(b, MXFP4))
     with pytest.raises(ValueError, match=r"mantissa_bits must be an integer from 1 to 23 \(float32\), got 30"):
         Accumulator(30)
     with pytest.raises(ValueError, match="rounding must be"):
