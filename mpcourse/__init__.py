@@ -15,7 +15,8 @@ Modules follow the lessons:
 - 08 `distributed` (a package: DDP and FSDP2 strategies, collectives, costs, torchrun launch);
 - 09 `clinic`, a package with one module of cases per lesson;
 - 10 `blockscale`, `scaled_matmul`, `block_linear`;
-- 11 `stochastic`, `kahan`, `optim_states`, `optimizer_memory`, `update_walk`.
+- 11 `stochastic`, `kahan`, `codebooks`, `optim_states`, `master_layouts`, `optimizer_memory`,
+  `step_memory`, `ladder_measure`, `update_walk`.
 
 Around them: `hardware` (what this machine accelerates), `performance` (the roofline of lesson
 00), `benchmark`, `course` (the course map) and `grading` (exercises, `check()` and the
