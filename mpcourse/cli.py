@@ -66,7 +66,7 @@ def _autograder(args: argparse.Namespace) -> int:
         if args.platform == "gradescope":
             from mpcourse.grading.platforms.gradescope_zip import build_autograder
             if bool(args.all) == bool(args.exercises):
-                raise ValueError("name the exercises to grade (e.g. ex00_bytes) or pass --all")
+                raise ValueError("name the exercises to grade (e.g. ex00_bytes), or pass --all; not both")
             config = build_autograder(args.solutions, args.out, None if args.all else args.exercises,
                                       args.hidden_visibility, args.timeout, args.allow_unsandboxed)
             print(f"wrote {args.out}: {', '.join(e['name'] for e in config['exercises'])}")

@@ -187,6 +187,8 @@ def test_two_notebooks_for_one_exercise_are_reported_not_guessed(tmp_path):
     assert chosen == {} and "2 notebooks could be this exercise" in problems[0]
     chosen, problems = choose(uploads + [tmp_path / "ex00_bytes.ipynb"], [Expected("ex00_bytes", (("a", 1.0),))])
     assert chosen == {"ex00_bytes": tmp_path / "ex00_bytes.ipynb"} and problems == []
+    chosen, problems = choose([tmp_path / "ex05_scaler_update.ipynb"], [Expected("ex00_bytes", (("a", 1.0),))])
+    assert chosen == {} and "this assignment is ex00_bytes" in problems[0]  # the wrong exercise, not graded as ex00
 
 
 def test_results_json_escapes_what_a_submission_wrote_and_validates():

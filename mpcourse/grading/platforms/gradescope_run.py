@@ -55,7 +55,7 @@ def choose(uploaded: list[Path], expected: list[Expected]) -> tuple[dict[str, Pa
 
     A notebook counts for an exercise when its name starts with the exercise's id (ex00...); one
     named exactly like the exercise wins over others. An autograder for one exercise also takes
-    a single notebook of any name.
+    a single notebook whose name names no exercise (`homework (2).ipynb`).
     """
     chosen, problems = {}, []
     for exercise in expected:
@@ -67,8 +67,11 @@ def choose(uploaded: list[Path], expected: list[Expected]) -> tuple[dict[str, Pa
         elif matches:
             problems.append(f"{exercise.name}: {len(matches)} notebooks could be this exercise "
                             f"({', '.join(p.name for p in matches[:5])}); upload one, named {exercise.name}.ipynb")
-        elif len(expected) == 1 and len(uploaded) == 1:
+        elif len(expected) == 1 and len(uploaded) == 1 and exercise_id(uploaded[0].name) is None:
             chosen[exercise.name] = uploaded[0]
+        elif len(expected) == 1 and len(uploaded) == 1:
+            problems.append(f"{uploaded[0].name} is named as exercise {exercise_id(uploaded[0].name)}; this "
+                            f"assignment is {exercise.name}: upload {exercise.name}.ipynb")
     if not uploaded:
         problems.append("no .ipynb notebook was uploaded")
     return chosen, problems
