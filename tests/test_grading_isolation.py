@@ -135,6 +135,15 @@ def test_a_reply_line_over_the_cap_stops_the_worker_and_forged_lines_are_not_par
     with Sandbox(Limits(reply=1 << 20), deadline) as worker:
         with pytest.raises(WorkerGone, match="reply line over 1 MiB"):
             worker.request({"op": "run_cell", "source": flood}, deadline)
+    # under the byte cap, 2 million empty lists answering the pending request (its number is 1):
+    # parsing them would build 2 million Python lists
+    lists = ("import os, stat\nfor fd in range(3, 12):\n    try:\n"
+             "        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+             "            os.write(fd, b'{\"value\": [' + b'[],' * (2 << 20) + b'[]], \"id\": 1}\\n')\n"
+             "    except OSError:\n        pass")
+    with Sandbox(Limits(), deadline) as worker:
+        with pytest.raises(WorkerGone, match="reply of over 1,048,576 items"):
+            worker.request({"op": "run_cell", "source": lists}, deadline)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     assert peak < 4 << 30  # sanity: nothing here grew the test process by gigabytes
 

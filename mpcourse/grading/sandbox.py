@@ -17,7 +17,8 @@ The sandbox (`bwrap`, Debian's `bubblewrap` package) gives the worker:
 - a count of its output bytes as they arrive.
 
 Every reply is one JSON line echoing its request's number, read under the submission's deadline and a size cap: a
-line over `Limits.reply` bytes stops the worker, and a line that does not end with the request's number is dropped
+line over `Limits.reply` bytes, or of over `Limits.reply_items` JSON items (each would become a Python object),
+stops the worker before any of it is parsed, and a line that does not end with the request's number is dropped
 unparsed. A worker that dies, stalls, floods its output or answers nonsense is reported, never trusted.
 """
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Limits:
     open_files: int = 1024      # file descriptors per process (each socket or pipe holds kernel buffers)
     output: int = 32 << 20      # bytes printed before the worker is stopped
     reply: int = 16 << 20       # bytes in one reply line, read before any of it is parsed
+    reply_items: int = 1 << 20  # JSON items (commas, lists, objects) in one reply line: what parsing builds
 
 
 REPLY_END = re.compile(rb'"id":\s*(\d{1,12})\s*}\s*$')  # the worker writes the request's number last
@@ -262,6 +264,8 @@ class Sandbox:
             tail = REPLY_END.search(line[-40:])
             if tail is None or int(tail.group(1)) != number:
                 continue
+            if line.count(b",") + line.count(b"[") + line.count(b"{") > self.limits.reply_items:
+                raise self._gone(f"sent a reply of over {self.limits.reply_items:,} items")
             try:
                 reply = json.loads(line)
             except (ValueError, RecursionError):
