@@ -252,12 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
     hosted.add_argument("--root", default=".", help="the repository's root (default: %(default)s)")
     hosted.set_defaults(handler=_hosted)
 
-    grade = commands.add_parser("grade", help="grade submitted exercise notebooks")
+    grade = commands.add_parser(
+        "grade", help="grade submitted exercise notebooks",
+        epilog="Put the paths after -- when a folder's name may begin with '-': mpcourse grade --csv g.csv -- "
+               "submissions/*/ex00_bytes.ipynb. Exit status: 0 when every submission was graded (whatever its "
+               "score), 3 when some could not be (named on stderr, with why), 2 for bad arguments.")
     grade.add_argument("paths", nargs="+", metavar="PATH", help="submitted .ipynb files")
     grade.add_argument("--solutions", default=None,
                        help="folder of solution notebooks holding the tests (default: the course's solutions/)")
     grade.add_argument("--timeout", type=float, default=120.0,
-                       help="seconds each submission may run, all cells together (default: %(default)s)")
+                       help="seconds for a submission's cells, all together, and again for each test "
+                            "(default: %(default)s)")
     grade.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else os.cpu_count() or 1,
                        help="submissions graded at once, each in its own sandbox (default: the %(default)s cores)")
