@@ -1,0 +1,44 @@
+"""mpcourse.views.optimizers: lesson 11's pictures draw the numbers they are given."""
+import matplotlib
+import pytest
+import torch
+
+from mpcourse.kahan import compensated_add
+from mpcourse.views.optimizers import plot_kahan_split, plot_ladder, plot_step_memory
+
+matplotlib.use("Agg")
+
+
+def test_kahan_split_draws_the_weight_the_sum_and_the_compensation_in_gaps():
+    weight, compensation = torch.ones(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.bfloat16)
+    weights, compensations = [1.0], [0.0]
+    for _ in range(20):
+        weight, compensation = compensated_add(weight, compensation, torch.tensor([1e-3]))
+        weights.append(weight.item())
+        compensations.append(compensation.item())
+    exact = [1 + i * 1e-3 for i in range(21)]
+    fig = plot_kahan_split(weights, compensations, exact, 2**-7)
+    top, bottom = fig.axes
+    lines = {line.get_label(): list(line.get_ydata()) for line in top.get_lines()}
+    assert lines["stored BF16 weight"] == weights and lines["exact sum (float64)"] == exact
+    assert lines["weight + compensation"] == pytest.approx([w + c for w, c in zip(weights, compensations)])
+    assert list(bottom.get_lines()[0].get_ydata()) == pytest.approx([c / 2**-7 for c in compensations])
+
+
+def test_step_memory_bars_are_the_measurements():
+    labels, kept, one, every = ["a", "b"], [16, 8], [18, 13.7], [18, 19.8]
+    fig = plot_step_memory(labels, kept, one, every, predicted=[18.1, 19.7])
+    widths = sorted(round(bar.get_width(), 6) for bar in fig.axes[0].patches)
+    assert widths == sorted(kept + one + every)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == labels
+
+
+def test_ladder_draws_one_dot_per_seed_and_the_noise_band():
+    gaps = [[0.0, 0.0], [-0.004, 0.003], [0.21, 0.2]]
+    fig = plot_ladder(["fp32", "sr", "none"], [16, 8, 8], gaps, noise=0.007)
+    ax = fig.axes[0]
+    dots = sorted(y for collection in ax.collections if collection.get_offsets().shape[1] == 2
+                  for _, y in collection.get_offsets() if len(collection.get_offsets()) == 2)
+    assert dots == pytest.approx(sorted(g for seeds in gaps for g in seeds))
+    band = ax.patches[0]  # axhspan: a rectangle spanning the axes' width
+    assert band.get_y() == pytest.approx(-0.007) and band.get_height() == pytest.approx(0.014)
