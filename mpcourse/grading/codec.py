@@ -239,8 +239,15 @@ def decode_error(data):
         cls = getattr(builtins, candidate, None) if type(candidate) is str and candidate.isidentifier() else None
         if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception \
                 and not issubclass(cls, (StopIteration, StopAsyncIteration)):
-            return cls(message)
-    return UnknownError(f"{name[:60]}: {message}")
+            return _from_submission(cls(message))
+    return _from_submission(UnknownError(f"{name[:60]}: {message}"))
+
+
+def _from_submission(error):
+    """Marked, so that a test's reason quotes its message instead of taking it as the test's own
+    (an AssertionError raised by the learner's code is not the test's assertion)."""
+    error.mpcourse_from_submission = True
+    return error
 
 
 def tensors_in(value) -> list:

@@ -36,6 +36,8 @@ class Exercise:
     answer_names: tuple[str, ...]  # names the learner's code must define
     tests: tuple[Test, ...]
     answer_cells: tuple[str, ...] = ()  # the solution's cells that define them, markers removed
+    write_yourself: tuple[str, ...] = ()  # library objects the exercise asks for ("module:name", `stubs`)
+    in_place: tuple[str, ...] = ()  # answers asked to change an argument in place (tests compare it)
 
     @property
     def max_score(self) -> float:
@@ -52,8 +54,13 @@ def is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and bool(cell.metadata.get("nbgrader", {}).get("grade"))
 
 
+CHECK_LINE = "from mpcourse.grading import check; check()"
+
+
 def is_check_cell(cell) -> bool:
-    return cell.cell_type == "code" and "mpcourse.grading import check" in cell.source
+    """The released notebook's own check() cell, exactly: a cell that quotes it, in a comment or
+    beside other code, is the learner's code and runs."""
+    return cell.cell_type == "code" and cell.source.strip() == CHECK_LINE
 
 
 def has_solution(cell) -> bool:
@@ -130,7 +137,9 @@ def load_exercise(path: str | Path) -> Exercise:
             setup.append(cell.source)
     if not tests:
         raise ValueError(f"{path.name}: no test cells (cells with nbgrader grade metadata) found")
-    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests), tuple(answer_cells))
+    meta = nb.metadata.get("mpcourse", {})
+    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests), tuple(answer_cells),
+                    tuple(meta.get("write_yourself", ())), tuple(meta.get("in_place", ())))
 
 
 def defined_names(code: str) -> list[str]:

@@ -77,7 +77,7 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
         if exercise is None:
             raise SubmissionFailed(f"cannot tell which exercise this is: {path.name!r} does not start with a known "
                                    f"exercise id (known: {', '.join(sorted(exercises)) or 'none'})")
-        nb = _read_submission(path)
+        nb = _read_submission(path, notes)
         claimed = nb.metadata.get("mpcourse", {}).get("exercise") if isinstance(nb.metadata.get("mpcourse"), dict) else None
         if claimed is not None and claimed != exercise.name:
             notes.append(f"the notebook's metadata says exercise {str(claimed)[:60]!r}; graded as "
@@ -107,8 +107,9 @@ def _refuse_solutions(path: Path, options: Options):
         raise SubmissionFailed(f"refused: this path leads into the solutions folder {str(options.solutions)!r}")
 
 
-def _read_submission(path: Path) -> nbformat.NotebookNode:
-    """The notebook, if `path` is a regular file (a link could point at a solution) of sane size."""
+def _read_submission(path: Path, notes: list) -> nbformat.NotebookNode:
+    """The notebook, if `path` is a regular file (a link could point at a solution) of sane size.
+    One that Jupyter opens but the nbformat schema rejects is graded, with a note saying so."""
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise SubmissionFailed(f"not a regular file (a link or a folder): {path}")
     if path.exists() and path.stat().st_size > MAX_NOTEBOOK_BYTES:
@@ -118,11 +119,14 @@ def _read_submission(path: Path) -> nbformat.NotebookNode:
         with warnings.catch_warnings():  # old notebooks without cell ids are still fine to grade
             warnings.simplefilter("ignore")
             nb = nbformat.read(path, as_version=4)
-            nbformat.validate(nb)
     except FileNotFoundError:
         raise SubmissionFailed(f"file not found: {path}") from None
     except Exception as error:
         raise SubmissionFailed(f"not a valid .ipynb notebook: {first_line(error, 200)}") from None
+    try:
+        nbformat.validate(nb)
+    except Exception as error:  # noqa: BLE001: any schema complaint is only a note
+        notes.append(f"graded although the notebook breaks the nbformat schema: {first_line(error, 100)!r}")
     return nb
 
 

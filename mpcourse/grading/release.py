@@ -30,7 +30,8 @@ def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.Not
                                           lambda indent: [indent + line for line in STUB], where=where)
         cell.outputs = []
         cell.execution_count = None
-    nb.metadata["mpcourse"] = {"exercise": name}
+    asked = solution.metadata.get("mpcourse", {}).get("write_yourself")
+    nb.metadata["mpcourse"] = {"exercise": name, **({"write_yourself": list(asked)} if asked else {})}
     return nb
 
 

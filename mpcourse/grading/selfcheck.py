@@ -11,6 +11,7 @@ import nbformat
 from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, has_code, has_solution,
                                        is_test_cell, visible, without_markers)
 from mpcourse.grading.release import STUB
+from mpcourse.grading.stubs import write_yourself
 from mpcourse.grading.verdict import run_test
 
 
@@ -72,6 +73,8 @@ def check(notebook: str | os.PathLike | None = None) -> Score:
     shell = _shell()
     path = Path(notebook) if notebook else _this_notebook(shell)
     nb = nbformat.read(path, as_version=4)
+    if hasattr(shell, "run_cell"):  # in the learner's kernel, as in the grader's sandbox (not in a test run)
+        write_yourself(nb.metadata.get("mpcourse", {}).get("write_yourself", ()))
     # One namespace for all tests, in notebook order, as when the cells run: a test may use a
     # helper an earlier test cell defined. It is a copy, so the learner's own names stay put.
     namespace = dict(shell.user_ns) if shell is not None else {}

@@ -23,23 +23,27 @@ def bounded(text, limit=80):
 def run_test(source, namespace, name="test", show_source=True):
     """Run a test's code in `namespace`; return (passed, reason). A test passes if nothing raises.
 
-    An assertion's reason is its own message; without one, the failing line when `show_source`
-    (the learner's own notebook), else only that an assertion failed (a hidden test's code must not
-    reach a gradebook). Any other exception is named, with its message quoted and cut short: it
-    may carry a submission's text."""
+    An assertion's reason is its own message. `show_source` is for the learner's own notebook: an
+    assertion without a message shows its line, another exception its message. In the grader
+    (False) a hidden test's code must not reach a gradebook, so such an assertion says only that
+    it failed, and an exception's message, which may carry a submission's text, is quoted and cut
+    short."""
     filename = "<test " + name + ">"
     try:
         exec(compile(source, filename, "exec"), namespace)
         return True, None
     except AssertionError as error:
-        if first_line(error):
+        if getattr(error, "mpcourse_from_submission", False):
+            reason = "AssertionError raised by your code: " + bounded(error)
+        elif first_line(error):
             reason = first_line(error)
         elif show_source:
             reason = "assertion failed: " + _failing_line(error, source, filename)
         else:
             reason = "an assertion of this test failed"
     except (Exception, SystemExit) as error:
-        reason = type(error).__name__ + (": " + bounded(error) if first_line(error) else "")
+        message = first_line(error) if show_source else bounded(error)
+        reason = type(error).__name__ + (": " + message if first_line(error) else "")
     return False, reason
 
 

@@ -31,7 +31,7 @@ def _load(name):
     return module
 
 
-codec, verdict = _load("codec"), _load("verdict")
+codec, verdict, stubs = _load("codec"), _load("verdict"), _load("stubs")
 dumps, loads = json.dumps, json.loads  # taken before any learner code can replace them
 
 
@@ -158,6 +158,7 @@ class Worker:
         config = Config()
         config.HistoryManager.enabled = False  # no history database, in the sandbox or anywhere else
         self.shell = InteractiveShell.instance(config=config, colors="NoColor")
+        self.shell.enable_gui = lambda gui=None: None  # `%matplotlib inline` needs no event loop, as in Jupyter
         self.namespace = self.shell.user_ns
 
     def run_cell(self, source):
@@ -192,9 +193,14 @@ class Worker:
     def code_names(self, name):
         return {"names": [str(n) for n in getattr(self.answer(name), "__code__").co_names]}
 
-    def load(self, setup, cells):
+    def stub(self, targets):
+        """The library objects the exercise asks the learner to write become stubs (`stubs`)."""
+        return {"stubbed": stubs.write_yourself(targets)}
+
+    def load(self, setup, cells, write_yourself=()):
         """The setup, every code cell of the learner (as Jupyter runs them), the setup again (its
         helpers as the tests expect them); return the cells' errors."""
+        stubs.write_yourself(write_yourself)
         for cell in setup:  # imports and helpers first: an answer's defaults may use them
             verdict.run_test(cell, self.namespace, "setup")
         errors = [e for e in (self.run_cell(c)["error"] for c in cells) if e]

@@ -1,0 +1,76 @@
+"""The course's own answers, made unusable where an exercise asks the learner to write them.
+
+An exercise names, in its solution's metadata (`"mpcourse": {"write_yourself": [...]}`), the
+library objects it asks the learner to write, as `"module:qualified.name"` (e.g.
+`"mpcourse.memory:tensor_bytes"`). Before any code of the learner runs, the sandboxed worker
+(and `check()`) calls `write_yourself(targets)`: each function's code object is swapped for one
+that raises `NotImplementedError("this exercise asks you to write ... yourself")`. The swap is on
+the function object itself, so every alias, `getattr`, `from ... import` and library function
+that calls it reaches the stub; a class's methods are swapped the same way.
+
+What it does not stop: a learner can read the library's source file and copy it, as they could
+copy it from the lesson; and a determined one can re-execute the module's file to get fresh
+functions. This file uses only the standard library: the worker loads it by path.
+"""
+import importlib
+import types
+
+MESSAGE = "this exercise asks you to write {name} yourself"
+
+
+def write_yourself(targets):
+    """Swap each target's code for a stub; return the names swapped. An unknown target raises
+    ValueError naming it (the solution's metadata is wrong)."""
+    done = []
+    for target in targets:
+        for function in _functions(_resolve(target)):
+            _swap(function, MESSAGE.format(name=target.replace(":", ".")))
+        done.append(target)
+    return done
+
+
+def _resolve(target):
+    if type(target) is not str or target.count(":") != 1:
+        raise ValueError(f"a target is 'module:qualified.name', got {target!r}")
+    module_name, qualname = target.split(":")
+    try:
+        value = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot find {target!r}: {error}") from None
+    return value
+
+
+def _functions(value):
+    """The plain functions behind `value`: itself, a method's function, or a class's methods."""
+    value = getattr(value, "__func__", value)
+    if isinstance(value, types.FunctionType):
+        return [value]
+    if isinstance(value, type):
+        found = []
+        for attribute in vars(value).values():
+            attribute = getattr(attribute, "__func__", attribute)
+            if isinstance(attribute, property):
+                attribute = attribute.fget
+            if isinstance(attribute, types.FunctionType):
+                found.append(attribute)
+        return found
+    raise ValueError(f"{value!r} is neither a function nor a class")
+
+
+def _swap(function, message):
+    """Give `function` a body that raises, keeping its name, signature object and free variables
+    (a code object can only be swapped for one with as many)."""
+    free = function.__code__.co_freevars
+    lines = ["def outer():"] + [f"    {name} = None" for name in free] + [
+        "    def stub(*args, **kwargs):",
+        *([f"        ({', '.join(free)},)"] if free else []),
+        f"        raise NotImplementedError({message!r})",
+        "    return stub"]
+    namespace = {}
+    exec("\n".join(lines), namespace)  # noqa: S102: our own fixed text
+    stub = namespace["outer"]()
+    function.__code__ = stub.__code__.replace(co_name=function.__code__.co_name,
+                                              co_qualname=function.__code__.co_qualname,
+                                              co_freevars=free)
