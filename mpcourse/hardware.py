@@ -42,6 +42,7 @@ class HardwareReport:
     cpu_capability: str
     precisions: dict[str, PrecisionSupport] = field(default_factory=dict)
     profile: str | None = None  # the MPCOURSE_HARDWARE profile the CPU facts come from
+    gpu_memory_bytes: int | None = None  # a CUDA GPU's total memory, as torch reports it
 
     def full_size(self, lesson: Lesson) -> bool:
         """Whether `lesson` runs at its full size here (on a CPU, lessons shrink themselves)."""
@@ -70,10 +71,10 @@ def report() -> HardwareReport:
                   cpu_capability=profile.cpu_capability if profile
                   else torch.backends.cpu.get_cpu_capability())
     if torch.cuda.is_available():
-        capability = tuple(torch.cuda.get_device_capability(0))
-        return HardwareReport(device_type="cuda", device_name=torch.cuda.get_device_name(0),
-                              compute_capability=capability,
-                              precisions=cuda_precisions(capability), **common)
+        capability, name = tuple(torch.cuda.get_device_capability(0)), torch.cuda.get_device_name(0)
+        return HardwareReport(device_type="cuda", device_name=name, compute_capability=capability,
+                              precisions=cuda_precisions(capability, name),
+                              gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory, **common)
     if torch.backends.mps.is_available():
         return HardwareReport(device_type="mps", device_name="Apple GPU (MPS)",
                               compute_capability=None, precisions=_mps_precisions(), **common)
@@ -82,20 +83,11 @@ def report() -> HardwareReport:
                           profile=profile.name if profile else None, **common)
 
 
-def cuda_precisions(cc: tuple[int, int]) -> dict[str, PrecisionSupport]:
-    """What an NVIDIA GPU of compute capability `cc` supports and accelerates."""
-    ampere, volta, fp8 = cc >= (8, 0), cc >= (7, 0), cc >= (8, 9)
-    return {
-        "fp32": PrecisionSupport(True, True, "CUDA cores (the baseline)"),
-        "tf32": PrecisionSupport(ampere, ampere, "tensor cores, Ampere (sm_80) and newer" if ampere
-                                 else f"needs Ampere (sm_80) or newer; this GPU is sm_{cc[0]}{cc[1]}"),
-        "bf16": PrecisionSupport(ampere, ampere, "tensor cores" if ampere
-                                 else f"needs Ampere (sm_80) or newer; this GPU is sm_{cc[0]}{cc[1]}"),
-        "fp16": PrecisionSupport(True, volta, "tensor cores" if volta
-                                 else "runs, but this GPU predates tensor cores (sm_70)"),
-        "fp8": PrecisionSupport(fp8, fp8, "FP8 tensor cores (sm_89 and newer)" if fp8
-                                else "casts only: FP8 matmuls need Ada or Hopper (sm_89+)"),
-    }
+def cuda_precisions(cc: tuple[int, int], device_name: str = "") -> dict[str, PrecisionSupport]:
+    """What an NVIDIA GPU of compute capability `cc` (named `device_name` by torch) supports and
+    accelerates: `mpcourse.gpus` knows the classes learners meet (a T4 only emulates bf16)."""
+    from mpcourse import gpus  # gpus builds on PrecisionSupport, defined here
+    return gpus.precisions(cc, gpus.identify(device_name))
 
 
 def _mps_precisions() -> dict[str, PrecisionSupport]:
@@ -287,6 +279,9 @@ def format_report(r: HardwareReport) -> str:
             f"on this machine. Calibration: {profile.source}. Unset {cpu_profiles.VARIABLE} to "
             "see this machine.", width=96, initial_indent="profile      ",
             subsequent_indent=" " * 13))
+    if r.device_type == "cuda":
+        from mpcourse import gpus
+        lines.append(gpus.describe(gpus.identify(r.device_name), r.compute_capability, r.gpu_memory_bytes))
     lines += ["",
              f"{'precision':<10}{'supported':<11}{'accelerated':<13}how"]
     for name in PRECISIONS:
