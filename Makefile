@@ -95,11 +95,12 @@ outputs: $(STAMP)
 browser: $(STAMP)
 	$(PY) -m pytest -rs tests/browser/
 
-# Installs as a learner would (tests/hosted): the built wheel in a clean venv, and lessons 00 and 06
-# and exercise 01 alone in a bare Python (torch, Jupyter's kernel, nbval) whose first cell installs
-# that wheel, as it installs the package in Colab or Kaggle.
+# Installs as a learner would (tests/hosted): lessons 00 and 06 and exercise 01 alone in a bare
+# Python (torch, Jupyter's kernel, nbval) whose first cell installs the freshly built wheel, as it
+# installs the package in Colab or Kaggle; then every module imports from it, and it brought no
+# JupyterLab or test tools.
 hosted: $(STAMP)
-	$(PY) -m pytest -rs tests/hosted/wheel_checks.py tests/hosted/hosted_notebook_checks.py
+	$(PY) -m pytest -rs tests/hosted/install_checks.py
 
 # The course as a static website in build/site, rendered from the notebooks' stored outputs
 # (nothing is executed): site/conf.py. tests/browser/test_site.py checks it in Chromium.

@@ -1,6 +1,6 @@
 """Hosted notebooks: every notebook carries the current bootstrap cell and Colab/Kaggle links, made
 from the one repository URL in pyproject.toml (mpcourse.hosted). The notebooks actually
-installing and running in a bare Python is tests/hosted/hosted_notebook_checks.py (`make hosted`)."""
+installing and running in a bare Python is tests/hosted/install_checks.py (`make hosted`)."""
 import subprocess
 import sys
 from pathlib import Path

@@ -1,10 +1,10 @@
-"""Fixtures for the install tests: the wheel built from this checkout, and bare Pythons to put it in.
+"""Fixtures for the install tests: the wheel built from this checkout (bare Pythons: install.py).
 
-Each bare Python is a fresh virtual environment (no system site-packages) holding torch (the
-version this test runs with, so pip finds it where `make test` found it) and, for the hosted
-notebooks, Jupyter's kernel and nbval: what Colab and Kaggle offer, less this course. Building
-them installs torch twice, so the test files are named *_checks.py, which `pytest tests/` does
-not collect; `make hosted` (part of `make test`) names them.
+A bare Python is a fresh virtual environment (no system site-packages) holding torch (the
+version this test runs with, so pip finds it where `make test` found it), Jupyter's kernel and
+nbval: what Colab and Kaggle offer, less this course. Building it installs torch, which takes
+minutes, so the test file is named install_checks.py, which `pytest tests/` does not collect;
+`make hosted` (part of `make test`) names it.
 """
 from __future__ import annotations
 
