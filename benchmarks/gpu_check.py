@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/gpu_check.py            # needs a CUDA GPU
     .venv/bin/python benchmarks/gpu_check.py --smoke    # a tiny run of the same code, any device
 
+On a GPU it runs at the lab's size for that GPU (`mpcourse.lab_size`: the batch that fits its
+memory) every precision the GPU can run, and prints a dated table to paste into the README and
+lesson 06. Peaks come from the GPU class's datasheet figures in `mpcourse.gpus`.
+
 Precisions: fp32 with TF32 off (the baseline), tf32, bf16 autocast, fp16 autocast with dynamic
 loss scaling. MFU (model FLOPs utilisation) is the model's training FLOPs per second,
 6 * parameters + attention per token (`GPT.flops_per_token`), divided by the GPU's dense peak
@@ -10,24 +14,23 @@ for that precision. Target on an H100/H200: bf16 at least 3x fp32's tokens/s.
 """
 import argparse
 import dataclasses
+import datetime
 import sys
 
 import torch
 
+from mpcourse import gpus, hardware
+from mpcourse.lab_size import lab_size
 from mpcourse.models import GPT
-from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CUDA_CONFIG, train
+from mpcourse.precision import RUN_PRECISIONS
+from mpcourse.train import LESSON_CPU_CONFIG, train
 from mpcourse.views.runs import RunComparison
-
-# Dense (no sparsity) peak FLOP/s from NVIDIA's data sheets, per precision.
-PEAK_FLOPS = {
-    "H100": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},   # SXM
-    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-}
 
 
 def peak_flops(device_name: str) -> dict[str, float] | None:
-    return next((peaks for gpu, peaks in PEAK_FLOPS.items() if gpu in device_name), None)
+    """The GPU class's dense datasheet peaks (mpcourse.gpus), or None for a GPU not in its table."""
+    gpu = gpus.identify(device_name)
+    return gpu.device.peak_flops if gpu else None
 
 
 def main(argv=None) -> int:
@@ -41,15 +44,18 @@ def main(argv=None) -> int:
               "False). Its numbers mean something only on a GPU; run with --smoke to check the "
               "script at a tiny size here.", file=sys.stderr)
         return 2
-    base = LESSON_CUDA_CONFIG if not args.smoke else dataclasses.replace(LESSON_CPU_CONFIG, steps=6)
+    # On a GPU: the lab's size for it (GPT-2 small's shape, the batch that fits its memory) and every
+    # precision it can run; a T4 has no TF32, and its bf16 runs emulated (shown, marked).
+    base = lab_size("cuda").config if not args.smoke else dataclasses.replace(LESSON_CPU_CONFIG, steps=6)
     if args.steps:
         base = dataclasses.replace(base, steps=args.steps)
+    runnable = hardware.report().precisions
     configs = [dataclasses.replace(base, precision=p, loss_scaling="dynamic" if p == "fp16" else "off")
-               for p in ("fp32", "tf32", "bf16", "fp16")]
+               for p in RUN_PRECISIONS if runnable[p].supported or p == "tf32" and args.smoke]
     device = configs[0].resolved_device()
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
     model = GPT(base.model_config())
-    print(f"{name}; torch {torch.__version__}; model: {model.num_parameters() / 1e6:.1f}M parameters, "
+    print(f"{datetime.date.today().isoformat()}, {name}; torch {torch.__version__}; model: {model.num_parameters() / 1e6:.1f}M parameters, "
           f"d_model {base.d_model}, {base.n_layers} layers, batch {base.batch_size} x {base.seq_len} tokens, "
           f"{base.steps} steps ({base.warmup_steps} warm-up)")
     results = [train(config) for config in configs]
@@ -58,11 +64,12 @@ def main(argv=None) -> int:
     fp32 = results[0].tokens_per_s
     for r in results:
         achieved = r.tokens_per_s * model.flops_per_token()
-        mfu = f"{achieved / peaks[r.config.precision]:.1%}" if peaks else "n/a (unknown peak)"
+        peak = peaks.get(r.config.precision) if peaks else None
+        mfu = f"{achieved / peak:.1%}" if peak else "n/a (no peak)"
         print(f"{r.config.precision:>5}: {r.tokens_per_s:>12,.0f} tokens/s  {r.tokens_per_s / fp32:5.2f}x fp32  "
               f"{achieved / 1e12:8.2f} TFLOP/s  MFU {mfu:>18}  peak memory {r.peak_memory_bytes / 2**30:6.2f} GiB")
-    bf16_speedup = results[2].tokens_per_s / fp32
-    print(f"bf16 / fp32 (TF32 off) = {bf16_speedup:.2f}x (target on H100/H200-class: >= 3x)")
+    bf16 = next(r for r in results if r.config.precision == "bf16")
+    print(f"bf16 / fp32 (TF32 off) = {bf16.tokens_per_s / fp32:.2f}x (target on H100/H200-class: >= 3x)")
     return 0
 
 
