@@ -26,7 +26,9 @@ def bare_python(folder: Path, *packages: str) -> Path:
     venv.EnvBuilder(with_pip=True, clear=True).create(folder)
     python = folder / "bin" / "python"
     torch_spec = os.environ.get("MPCOURSE_TEST_TORCH", f"torch=={torch.__version__}")
-    run([str(python), "-m", "pip", "install", "--quiet", torch_spec, *packages])
+    index = os.environ.get("TORCH_INDEX")  # as the Makefile: torch alone from that index
+    run([str(python), "-m", "pip", "install", "--quiet", *(["--index-url", index] if index else []), torch_spec])
+    run([str(python), "-m", "pip", "install", "--quiet", *packages])
     return python
 
 
