@@ -258,8 +258,9 @@ def _hidden_lines():
     return lines
 
 
-def test_no_hidden_test_line_reaches_a_gradebook_or_a_reason(tmp_path):
-    names = ["ex00_leaks_hidden_tests", "ex09_leaks_hidden_tests", "ex04_smuggles_hidden_code", "ex09_fakes_checks"]
+def test_no_hidden_test_line_reaches_a_gradebook_and_a_cast_is_evidence_not_a_verdict(tmp_path):
+    names = ["ex00_leaks_hidden_tests", "ex09_leaks_hidden_tests", "ex04_smuggles_hidden_code", "ex09_fakes_checks",
+             "ex01_cast_behind_helper", "ex01_zeros"]
     for name in names:
         (tmp_path / f"{name}.ipynb").write_bytes((FIXTURES / f"{name}.ipynb").read_bytes())
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *sorted(map(str, tmp_path.glob("*.ipynb"))),
@@ -272,6 +273,9 @@ def test_no_hidden_test_line_reaches_a_gradebook_or_a_reason(tmp_path):
     assert not leaked, leaked[:3]
     scores = {Path(s["path"]).stem: s["score"] for s in report["submissions"]}
     assert scores == {name: MANIFEST[name]["score"] for name in names}
+    notes = {Path(s["path"]).stem: " ".join(s["notes"]) for s in report["submissions"]}
+    assert "evidence, not a verdict" in notes["ex01_cast_behind_helper"] and "bfloat16" in notes["ex01_cast_behind_helper"]
+    assert "evidence" not in notes["ex01_zeros"]
     with open(tmp_path / "grades.csv", newline="") as handle:
         rows = list(csv.reader(handle))
     assert {Path(row[0]).stem for row in rows[1:]} >= set(names)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -38,6 +38,7 @@ class Exercise:
     answer_cells: tuple[str, ...] = ()  # the solution's cells that define them, markers removed
     write_yourself: tuple[str, ...] = ()  # library objects the exercise asks for ("module:name", `stubs`)
     in_place: tuple[str, ...] = ()  # answers asked to change an argument in place (tests compare it)
+    by_hand: dict = field(default_factory=dict)  # answer -> dtypes it must make without torch's cast (notes)
 
     @property
     def max_score(self) -> float:
@@ -139,7 +140,8 @@ def load_exercise(path: str | Path) -> Exercise:
         raise ValueError(f"{path.name}: no test cells (cells with nbgrader grade metadata) found")
     meta = nb.metadata.get("mpcourse", {})
     return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests), tuple(answer_cells),
-                    tuple(meta.get("write_yourself", ())), tuple(meta.get("in_place", ())))
+                    tuple(meta.get("write_yourself", ())), tuple(meta.get("in_place", ())),
+                    {k: tuple(v) for k, v in meta.get("by_hand", {}).items()})
 
 
 def defined_names(code: str) -> list[str]:

@@ -144,6 +144,7 @@ def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: li
             for test in in_grader:
                 runner.begin_test()
                 verdicts[test.id] = judge.run_in_grader(test, namespace)
+            notes.extend(judge.evidence_notes(namespace))
     if beside:
         deadline = time.monotonic() + options.timeout * (1 + len(beside))  # the cells', then each test's
         try:

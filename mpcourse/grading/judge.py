@@ -83,15 +83,19 @@ def record_beside(worker, exercise, cells: list[str], tests, splits: dict, deadl
 class AnswerProxy:
     """Stands for one of the learner's functions in a test running in the grader."""
 
-    def __init__(self, name: str, sandbox_call, in_place: bool = False):
-        self._name, self._call, self._in_place = name, sandbox_call, in_place
+    def __init__(self, name: str, sandbox_call, in_place: bool = False, watch: tuple = ()):
+        self._name, self._call, self._in_place, self._watch = name, sandbox_call, in_place, watch
+        self.evidence: set[str] = set()
 
     def __call__(self, *args, **kwargs):
         """The learner's function runs on its own copy of the arguments. Only where the exercise
         asks for an in-place API do its changes come back, for the test to compare explicitly."""
         tensors = codec.tensors_in((args, kwargs))
         reply = self._call({"op": "call", "name": self._name, "args": codec.encode(list(args)),
-                            "kwargs": codec.encode(kwargs)})
+                            "kwargs": codec.encode(kwargs), "watch": list(self._watch)})
+        evidence = reply.get("evidence")
+        if self._watch and type(evidence) is list:
+            self.evidence.update(bounded(e, 60) for e in evidence[:8] if type(e) is str)
         for index, data in _checked_list(reply.get("mutated", [])):
             changed = codec.decode_tensor(data) if type(data) is dict and self._in_place else None
             if type(index) is int and 0 <= index < len(tensors) and changed is not None:
@@ -138,13 +142,25 @@ def grader_namespace(exercise, plan: Plan, sandbox_call) -> dict:
             except (RequestFailed, SandboxFailure, codec.MalformedData):
                 continue  # missing or not plain data: the tests say NameError
         else:
-            answers[name] = AnswerProxy(name, sandbox_call, name in plan.in_place)
+            answers[name] = AnswerProxy(name, sandbox_call, name in plan.in_place, exercise.by_hand.get(name, ()))
     namespace.update(answers)
     with quiet():
         for cell in exercise.setup:
             run_test(cell, namespace, "setup")  # a cell calling an unfinished answer: the tests will say
     namespace.update(answers)
     return namespace
+
+
+def evidence_notes(namespace: dict) -> list[str]:
+    """Notes for the instructor: answers the exercise asks to write by hand during whose calls
+    torch's own cast made the dtype in question. Evidence, not a verdict: the learner's process
+    reports it, and could hide it."""
+    notes = []
+    for name, value in namespace.items():
+        if isinstance(value, AnswerProxy) and value.evidence:
+            notes.append(f"evidence, not a verdict: while {name} ran, torch's own cast did the work the exercise "
+                         f"asks for by hand ({', '.join(sorted(value.evidence)[:3])})")
+    return notes
 
 
 @contextlib.contextmanager

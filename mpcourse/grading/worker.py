@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 def _load(name):
@@ -178,14 +180,20 @@ class Worker:
     def value(self, name):
         return {"value": codec.encode(self.answer(name))}
 
-    def call(self, name, args, kwargs):
+    def call(self, name, args, kwargs, watch=()):
+        """Call one answer on a copy of the test's arguments. `watch`: dtypes the exercise asks
+        the learner to produce by hand; a torch op making a tensor of one becomes evidence (data
+        for an instructor's note, never a verdict: this process could hide it)."""
         args, kwargs = codec.decode(args), codec.decode(kwargs)
         tensors = codec.tensors_in((args, kwargs))
         before = [t.clone() for t in tensors]
+        watcher = _CastWatcher(watch)
         try:
-            reply = {"value": codec.encode(self.answer(name)(*args, **kwargs))}
+            with watcher:
+                reply = {"value": codec.encode(self.answer(name)(*args, **kwargs))}
         except Exception as error:
             reply = {"raised": codec.encode_error(error)}
+        reply["evidence"] = sorted(watcher.seen)[:8]
         reply["mutated"] = [[i, codec.encode(t)] for i, (t, b) in enumerate(zip(tensors, before))
                             if t.shape != b.shape or t.dtype != b.dtype or not _same_bits(t, b)]
         return reply
@@ -231,6 +239,27 @@ class Worker:
                 raised = codec.encode_error(error)
             out.append({"id": test_id, "checks": entries, "raised": raised, "calls": list(calls)})
         return {"tests": out}
+
+
+class _CastWatcher(TorchDispatchMode):
+    """Records the torch ops that make a tensor of a watched dtype while an answer runs."""
+
+    def __init__(self, watch):
+        super().__init__()
+        self.watch, self.seen = {str(d) for d in watch}, set()
+
+    def __enter__(self):
+        return super().__enter__() if self.watch else self
+
+    def __exit__(self, *exc):
+        return super().__exit__(*exc) if self.watch else None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and str(leaf.dtype).removeprefix("torch.") in self.watch:
+                self.seen.add(f"{func} made a {str(leaf.dtype).removeprefix('torch.')} tensor")
+        return out
 
 
 def _describe(error):
