@@ -98,6 +98,18 @@ class Cgroup:
                     time.sleep(0.02)
 
 
+def sweep():
+    """Remove the groups of grading processes that died without removing theirs (killed past
+    their time): a group is named after the process that made it."""
+    groups = _own_groups()
+    parents = {ROOT / c / groups[c] for c in ("memory", "pids") if c in groups} | {ROOT / groups.get("", "")}
+    for parent in parents:
+        for folder in parent.glob("mpcourse-*-*") if parent.is_dir() else ():
+            pid = folder.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                Cgroup([folder]).remove()
+
+
 def _kill_all(folder: Path):
     try:
         pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading import judge
-from mpcourse.grading.exercise import (Exercise, defines_any, exercise_id, find_solutions, is_check_cell,
+from mpcourse.grading import cgroup, judge
+from mpcourse.grading.exercise import (Exercise, exercise_id, find_solutions, is_check_cell,
                                        is_test_cell, load_exercise)
 from mpcourse.grading.gradebook import (SubmissionResult, format_result, format_summary, not_graded_report,
                                        write_gradebook)
@@ -336,6 +336,7 @@ def grade_command(args) -> int:
             if not args.json:
                 print(format_result(results[shown]), flush=True)
             shown += 1
+    cgroup.sweep()
     if args.csv:
         write_gradebook(results, args.csv)
     if args.json:
