@@ -156,14 +156,6 @@ def defined_names(code: str) -> list[str]:
     return names
 
 
-def defines_any(source: str, names) -> bool:
-    """Whether a learner's cell defines one of `names` at top level (False if it does not parse)."""
-    try:
-        return bool(set(defined_names(source)) & set(names))
-    except SyntaxError:
-        return any(f"def {name}" in source or f"{name} =" in source for name in names)
-
-
 def find_solutions(folder: str | Path) -> dict[str, Path]:
     """Solution notebooks of a folder by exercise id (`ex00` -> solutions/ex00_bytes.ipynb)."""
     found = {}
