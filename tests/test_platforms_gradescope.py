@@ -23,7 +23,7 @@ from mpcourse.grading.exercise import load_exercise
 from mpcourse.grading.gradebook import SubmissionResult
 from mpcourse.grading.platforms.gradescope_results import Expected, results_json
 from mpcourse.grading.platforms.gradescope_run import choose
-from mpcourse.grading.selfcheck import TestResult
+from mpcourse.grading import selfcheck
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "tests" / "fixtures" / "gradescope" / "results.schema.json").read_text())
@@ -194,7 +194,7 @@ def test_two_notebooks_for_one_exercise_are_reported_not_guessed(tmp_path):
 def test_results_json_escapes_what_a_submission_wrote_and_validates():
     reason = "got '\ud800<script>alert(1)</script>\x1b[31m'" + "x" * 10_000
     result = SubmissionResult("p", "ex00_bytes", 0.0, 2.0, "a code cell raised \x07Boom", [
-        TestResult("a", 0.0, 1.0, False, reason), TestResult("b", 1.0, 1.0, True, None)], notes=["note\n2"])
+        selfcheck.TestResult("a", 0.0, 1.0, False, reason), selfcheck.TestResult("b", 1.0, 1.0, True, None)], notes=["note\n2"])
     results = results_json([Expected("ex00_bytes", (("a", 1.0), ("b", 1.0)), frozenset({"b"}))],
                            {"ex00_bytes": result}, "hidden")
     jsonschema.validate(results, SCHEMA)
