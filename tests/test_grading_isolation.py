@@ -28,7 +28,9 @@ from mpcourse.grading.sandbox import Limits, Sandbox, WorkerGone
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a uid and a control group per sandbox need root")
+LINUX = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox and the grading processes are Linux-only")
+ROOT_ONLY = pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
+                               reason="a uid and a control group per sandbox need root (and Linux)")
 
 PROBE = textwrap.dedent('''
     import ctypes, errno, os, threading, subprocess
@@ -126,6 +128,7 @@ def test_a_sandbox_holding_every_thread_it_may_leaves_a_classmate_its_own():
     assert 100 < held < limits.processes, held
 
 
+@LINUX
 def test_a_reply_line_over_the_cap_stops_the_worker_and_forged_lines_are_not_parsed():
     deadline = time.monotonic() + 120
     flood = ("import os, stat\nfor fd in range(3, 12):\n    try:\n"
@@ -163,6 +166,7 @@ def test_tensor_sizes_are_checked_before_anything_is_allocated():
         codec.decode({"$": "tensor", "dtype": "float32", "shape": [2], "data": "A" * 1000})
 
 
+@LINUX
 def test_the_grader_stays_small_whatever_the_hostile_replies():
     """A 125 MiB reply line once cost the grader 1 GB, a 70-byte empty tensor 2.2 GB: the grading
     process's own peak (its sandboxes not counted) grows by less than 300 MiB over its baseline."""
@@ -198,6 +202,7 @@ def _fake_grade(folder: Path):
     return grade
 
 
+@LINUX
 def test_a_killed_grading_process_is_retried_once_and_costs_no_classmate_its_grade(tmp_path):
     paths = ["honest_a", "always_killed", "killed_once", "honest_b"]
     out = {index: (result, why) for index, result, why in
@@ -207,6 +212,7 @@ def test_a_killed_grading_process_is_retried_once_and_costs_no_classmate_its_gra
     assert (tmp_path / "always_killed.attempts").read_text() == "2"
 
 
+@LINUX
 def test_a_grading_process_past_its_time_is_stopped_and_says_so(monkeypatch):
     def grade(path):
         signal.signal(signal.SIGALRM, signal.SIG_IGN)  # a grading process stuck where no alarm reaches
@@ -218,6 +224,7 @@ def test_a_grading_process_past_its_time_is_stopped_and_says_so(monkeypatch):
     assert time.monotonic() - start < 60
 
 
+@LINUX
 def test_the_exit_status_says_which_submission_could_not_be_graded_and_why(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grader, "plan_exercises", lambda *args: {})
     monkeypatch.setattr(grader, "grade_submission", lambda path, *args: _fake_grade(tmp_path)(path))
@@ -242,6 +249,7 @@ def _stub_solutions(folder: Path):
     nbformat.write(nb, folder / "ex00_bytes.ipynb")
 
 
+@LINUX
 def test_paths_the_grader_trusts(tmp_path):
     """From a submissions folder holding a learner's `solutions`: the course's own solutions are
     used; a link into the solutions folder is refused; a folder named `-h` is a path after `--`;
