@@ -146,3 +146,10 @@ def test_names_that_look_alike_are_told_apart():
     assert gpus.identify("NVIDIA H200").name == "H100"
     with pytest.raises(ValueError, match="unknown GPU class 'V100'; the table has T4, P100"):
         gpus.gpu_class("V100")
+
+
+@pytest.mark.parametrize("fast, compared", [((), ("fp32", "bf16")), (("bf16",), ("fp32", "bf16")),
+                                            (("bf16", "fp16"), ("fp32", "bf16", "fp16"))])
+def test_on_a_cpu_the_lab_always_compares_bf16_to_show_what_emulation_costs(fast, compared):
+    from mpcourse.lab_size import LabSize
+    assert LabSize(LESSON_CUDA_CONFIG, "cpu", fast, "").compare == compared
