@@ -11,8 +11,8 @@ views free), but watches every op: a `TorchDispatchMode` sees each op's outputs 
 and a weak reference to each storage says when it is freed. The peak is the largest sum of the
 storages alive right after an op returned, when its inputs and its output exist together, which
 is when an allocator holds the most. What it cannot see: scratch memory inside one kernel and
-the allocator's own overhead. On CUDA, `torch.cuda.max_memory_allocated` measures the same thing
-from the allocator.
+the allocator's own overhead (on CUDA, `torch.cuda.max_memory_allocated` reads the allocator's
+peak directly, each block rounded up to its allocation granularity).
 
 The count depends only on which tensors the code makes, not on the CPU's kernels, so it is the
 same on every machine.
