@@ -289,3 +289,20 @@ def test_table_json_and_csv_escape_surrogates_and_control_characters(tmp_path):
     assert json.loads(text)["error"] == "bad \\ud800 \\x1b[2J"
     gradebook.write_gradebook([odd], tmp_path / "g.csv")
     assert "x\\xff/ex00.ipynb" in (tmp_path / "g.csv").read_text(encoding="utf-8")
+
+
+def test_a_hard_link_or_a_path_through_a_link_into_the_solutions_is_refused(tmp_path):
+    solutions, learner = tmp_path / "solutions", tmp_path / "learner"
+    solutions.mkdir()
+    learner.mkdir()
+    (solutions / "ex00_bytes.ipynb").write_text("{}")
+    os.link(solutions / "ex00_bytes.ipynb", learner / "ex00_bytes.ipynb")
+    (tmp_path / "linked").symlink_to(solutions)
+    (tmp_path / "honest").mkdir()
+    (tmp_path / "honest" / "ex00_bytes.ipynb").write_text("{}")  # same bytes, its own file: graded
+    options = grader.Options(solutions=solutions.resolve())
+    for path, why in [(learner / "ex00_bytes.ipynb", "a hard link"), (tmp_path / "linked" / "ex00_bytes.ipynb",
+                                                                       "leads into the solutions folder")]:
+        with pytest.raises(grader.SubmissionFailed, match=why):
+            grader._refuse_solutions(path, options)
+    grader._refuse_solutions(tmp_path / "honest" / "ex00_bytes.ipynb", options)

@@ -102,9 +102,19 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
 
 
 def _refuse_solutions(path: Path, options: Options):
-    """A submission that is, or leads through links to, a file in the solutions folder is refused."""
-    if options.solutions is not None and path.resolve().is_relative_to(options.solutions):
+    """A submission that is, or leads through links to, a file in the solutions folder is
+    refused, and so is a hard link to one of its files (same device and inode)."""
+    if options.solutions is None:
+        return
+    if path.resolve().is_relative_to(options.solutions):
         raise SubmissionFailed(f"refused: this path leads into the solutions folder {str(options.solutions)!r}")
+    try:
+        found = path.stat()
+    except OSError:
+        return  # reading it says what is wrong
+    if any(found.st_ino == known.st_ino and found.st_dev == known.st_dev
+           for known in map(Path.stat, options.solutions.glob("*.ipynb"))):
+        raise SubmissionFailed(f"refused: this file is a solution of {str(options.solutions)!r} (a hard link)")
 
 
 def _read_submission(path: Path, notes: list) -> nbformat.NotebookNode:
@@ -301,7 +311,7 @@ def grade_command(args) -> int:
     could not be (each named on stderr, with why), 2 for bad arguments."""
     sys.stdout.reconfigure(errors="backslashreplace")  # whatever the terminal's encoding
     try:
-        solutions = Path(args.solutions) if args.solutions else default_solutions()
+        solutions = (Path(args.solutions) if args.solutions else default_solutions()).resolve()
         exercises = load_exercises(solutions)
     except ValueError as error:
         print(f"mpcourse grade: {error}", file=sys.stderr)
@@ -316,7 +326,7 @@ def grade_command(args) -> int:
         print(f"mpcourse grade: refusing to run submissions without a sandbox: {problem}. {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox, solutions=solutions.resolve())
+    options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox, solutions=solutions)
     keys = [exercise_id(Path(p).name) for p in args.paths]
     plans = plan_exercises(exercises, [k for k in keys if k in exercises], args.jobs, options)
     for key, plan in sorted(plans.items()):
