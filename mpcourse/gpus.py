@@ -129,12 +129,13 @@ def precisions(capability: tuple[int, int], gpu: GpuClass | None = None) -> dict
     }
 
 
-def describe(gpu: GpuClass | None, capability: tuple[int, int], memory_bytes: int) -> str:
+def describe(gpu: GpuClass | None, capability: tuple[int, int], memory_bytes: int | None) -> str:
     """Two lines for `mpcourse doctor`: the GPU's class and what its tensor cores run."""
+    memory = f"{memory_bytes / GB:.0f} GB" if memory_bytes else "memory unknown"
     if gpu is None:
         return (f"GPU class    not in mpcourse.gpus's table: judged by compute capability "
-                f"sm_{capability[0]}{capability[1]} alone; {memory_bytes / GB:.0f} GB")
+                f"sm_{capability[0]}{capability[1]} alone; {memory}")
     fast = [p for p in PRECISIONS if p != "fp32" and gpu.accelerated(p)]
-    return (f"GPU class    {gpu.name}: {gpu.architecture}, {gpu.sm}, {memory_bytes / GB:.0f} GB at "
+    return (f"GPU class    {gpu.name}: {gpu.architecture}, {gpu.sm}, {memory} at "
             f"{gpu.device.bandwidth / GB:,.0f} GB/s; learners meet it on {gpu.where}\n"
             f"             faster than fp32 here: {', '.join(fast) if fast else 'nothing'}")

@@ -153,3 +153,9 @@ def test_names_that_look_alike_are_told_apart():
 def test_on_a_cpu_the_lab_always_compares_bf16_to_show_what_emulation_costs(fast, compared):
     from mpcourse.lab_size import LabSize
     assert LabSize(LESSON_CUDA_CONFIG, "cpu", fast, "").compare == compared
+
+
+def test_doctor_describes_a_gpu_of_unknown_memory_and_class():
+    assert gpus.describe(gpus.gpu_class("T4"), (7, 5), None).startswith(
+        "GPU class    T4: Turing, sm_75, memory unknown at 320 GB/s")
+    assert "sm_70 alone; 34 GB" in gpus.describe(None, (7, 0), 34 * 10**9)
