@@ -34,6 +34,8 @@ from mpcourse.blockscale import (BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP8_E4M3, 
 from mpcourse.models import replace_linears, sharing_parameters
 from mpcourse.train import RunConfig
 
+#: The layer `BlockScaledRunConfig.outlier_scale` stages its outlier feature in.
+OUTLIER_LAYER = "mlp.2"
 #: The size of NVFP4's random Hadamard transform (TE's and NVIDIA's paper's choice).
 HADAMARD_SIZE = 16
 
@@ -92,13 +94,19 @@ def hadamard_along_columns(x: torch.Tensor, transform: torch.Tensor) -> torch.Te
 
 class BlockScaledLinear(nn.Linear):
     """An `nn.Linear` whose three matmuls see block-scaled operands, by `recipe`. `generator`
-    draws the stochastic rounding and the Hadamard signs, so that a run can be replayed."""
+    draws the stochastic rounding and the Hadamard signs, so that a run can be replayed.
+
+    `outlier_scale` s stages an outlier feature, as large models grow them (LLM.int8): the
+    matmul multiplies x with input feature 0 times s by W with column 0 divided by s. In exact
+    arithmetic that is x @ W.T unchanged (SmoothQuant's equivalence, used in reverse), so the
+    model and its FP32 training are the same; only the quantizers see the outlier."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"],
+                 recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"], outlier_scale: float = 1.0,
                  generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = recipe
+        self.outlier_scale = outlier_scale
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     @classmethod
@@ -107,8 +115,12 @@ class BlockScaledLinear(nn.Linear):
         return sharing_parameters(cls, linear, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        y = _BlockScaledMatmul.apply(flat, self.weight, self.recipe, self.generator)
+        flat, weight = x.reshape(-1, self.in_features), self.weight
+        if self.outlier_scale != 1.0:
+            staged = torch.ones(self.in_features, dtype=flat.dtype, device=flat.device)
+            staged[0] = self.outlier_scale
+            flat, weight = flat * staged, weight / staged
+        y = _BlockScaledMatmul.apply(flat, weight, self.recipe, self.generator)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -165,14 +177,18 @@ def convert_to_block_scaled(model: nn.Module, recipe: LinearRecipe, *, skip: tup
     return the names replaced."""
     count = itertools.count()
     return replace_linears(model, lambda linear: BlockScaledLinear.from_linear(
-        linear, recipe=recipe, generator=torch.Generator().manual_seed(seed * 1000 + next(count))), skip)
+        linear, recipe=recipe,
+        generator=torch.Generator().manual_seed(seed * 1000 + next(count))), skip)
 
 
 @dataclass(frozen=True)
 class BlockScaledRunConfig(RunConfig):
     """A lesson-06 run whose transformer blocks multiply with block-scaled operands.
 
-    `recipe` names one of `RECIPES_BY_NAME`. `keep_blocks` lists transformer blocks (by
+    `recipe` names one of `RECIPES_BY_NAME`. `outlier_scale` stages an outlier feature (see
+    `BlockScaledLinear`) in the input of each block's second MLP linear, the layer with the
+    widest input (4 x d_model), so that a block of 16 or 32 holds a small share of it; the FP32
+    model is unchanged. 1.0 means none. `keep_blocks` lists transformer blocks (by
     index; -1 is the last) whose linears stay in high precision, as NVIDIA's NVFP4 run kept
     about 15% of its linear layers in BF16. As in `Fp8RunConfig`, parameters and everything
     outside the converted linears stay FP32 (`precision="fp32"`), with no loss scaling: each
@@ -180,6 +196,7 @@ class BlockScaledRunConfig(RunConfig):
     """
     recipe: str = "mxfp8"
     keep_blocks: tuple[int, ...] = ()
+    outlier_scale: float = 1.0
     loss_scaling: str = "off"
 
     def __post_init__(self):
@@ -187,6 +204,8 @@ class BlockScaledRunConfig(RunConfig):
         if self.recipe not in RECIPES_BY_NAME:
             raise ValueError(f"unknown recipe {self.recipe!r}; choose one of "
                              f"{', '.join(RECIPES_BY_NAME)}")
+        if not (isinstance(self.outlier_scale, (int, float)) and self.outlier_scale > 0):
+            raise ValueError(f"outlier_scale must be a positive number, got {self.outlier_scale!r}")
         if self.precision != "fp32" or self.loss_scaling != "off":
             raise ValueError(f"a block-scaled run keeps its other math in fp32 and takes no loss "
                              f"scaling; got precision={self.precision!r}, "
@@ -207,7 +226,11 @@ class BlockScaledRunConfig(RunConfig):
         skip = ("head",) + tuple(name for name, m in model.named_modules()
                                  if isinstance(m, nn.Linear) and any(name.startswith(k) for k in kept))
         convert_to_block_scaled(model, RECIPES_BY_NAME[self.recipe], skip=skip, seed=self.seed)
+        for name, module in model.named_modules():
+            if isinstance(module, BlockScaledLinear) and name.endswith(OUTLIER_LAYER):
+                module.outlier_scale = self.outlier_scale
         return model
+
 
 
 def linear_operands(config: RunConfig, layer: str) -> dict[str, torch.Tensor]:

@@ -125,6 +125,7 @@ def test_block_scaled_training_runs_through_the_one_loop_and_tracks_fp32():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(recipe="mxfp9"), "unknown recipe 'mxfp9'; choose one of mxfp8, mxfp8_floor"),
+    (dict(outlier_scale=0), "outlier_scale must be a positive number, got 0"),
     (dict(precision="bf16"), "keeps its other math in fp32"),
     (dict(loss_scaling="dynamic"), "takes no loss scaling"),
     (dict(keep_blocks=(2,)), r"keep_blocks \(2,\) names a block outside the model's 2"),
@@ -144,3 +145,33 @@ def test_linear_operands_are_what_the_layer_multiplied_in_training():
     assert got["gradient"].abs().max() > 0 and got["gradient"].isfinite().all()
     with pytest.raises(ValueError, match="'blocks.0.norm1' is a LayerNorm, not a linear layer"):
         linear_operands(RunConfig(**sizes), "blocks.0.norm1")
+
+
+
+def test_a_staged_outlier_leaves_the_product_and_only_the_quantizers_see_it():
+    torch.manual_seed(2)
+    linear = nn.Linear(128, 16)
+    exact = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["mxfp8"])
+    staged = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["per_tensor_fp4"], outlier_scale=100.0)
+    x = torch.randn(64, 128)
+    # In FP32 the staged product is the plain one: (x * m) @ (W / m).T == x @ W.T.
+    m = torch.ones(128)
+    m[0] = 100.0
+    assert torch.allclose((x * m) @ (linear.weight / m).t(), x @ linear.weight.t(), atol=1e-5)
+    # The quantizer sees x with feature 0 at 100x, and per-tensor FP4 flushes the rest to zero.
+    plain_fp4 = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["per_tensor_fp4"])
+    reference = linear(x).detach()
+    error_plain = (plain_fp4(x).detach() - reference).norm()
+    error_staged = (staged(x).detach() - reference).norm()
+    assert error_staged > 2 * error_plain
+    nvfp4 = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["nvfp4_1d"], outlier_scale=100.0)
+    assert (nvfp4(x).detach() - reference).norm() < error_staged / 2
+    # Gradients reach the real parameters through the staging, by the chain rule.
+    x.requires_grad_(True)
+    staged(x).sum().backward()
+    assert linear.weight.grad is not None and torch.isfinite(linear.weight.grad).all()
+    assert exact.outlier_scale == 1.0
+    config = BlockScaledRunConfig(recipe="nvfp4", outlier_scale=100.0, d_model=32, n_layers=2, n_heads=2)
+    model = config.prepare_model(GPT(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)))
+    staged_layers = [n for n, mod in model.named_modules() if getattr(mod, "outlier_scale", 1.0) == 100.0]
+    assert staged_layers == ["blocks.0.mlp.2", "blocks.1.mlp.2"]
