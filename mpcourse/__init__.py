@@ -14,7 +14,7 @@ Modules follow the lessons:
 - 07 `fp8`;
 - 08 `distributed` (a package: DDP and FSDP2 strategies, collectives, costs, torchrun launch);
 - 09 `clinic`, a package with one module of cases per lesson;
-- 10 `blockscale`, `scaled_matmul`, `block_linear`;
+- 10 `blockscale`, `scaled_matmul`, `accumulation`, `torch_scaled_mm`, `block_linear`;
 - 11 `stochastic`, `kahan`, `codebooks`, `optim_states`, `master_layouts`, `optimizer_memory`,
   `step_memory`, `ladder_measure`, `update_walk`.
 

@@ -1,0 +1,91 @@
+"""Lesson 10's pictures: where a block's amax lands under each scale rule, the three matmuls
+of a linear layer with their block shapes, and an accumulator's error against K.
+
+Each takes values already computed (a grid, landing points, error curves) and draws them.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from mpcourse.views.diagrams import DTYPE_COLOURS, OTHER_COLOUR
+
+RULE_COLOURS = {"floor (OCP MX)": "#D55E00", "round-up (RCEIL)": "#0072B2",
+                "E4M3 scale (NVFP4)": "#009E73"}
+
+
+def plot_amax_landings(grids: dict[str, list[float]], landings: dict[str, dict[str, float]],
+                       element_max: dict[str, float]) -> Figure:
+    """One number line per element format (log scale): its positive values as ticks, the
+    clipping zone above element.max shaded, and where amax / X lands under each rule."""
+    fig, axes = plt.subplots(len(grids), 1, figsize=(10, 1.9 * len(grids)))
+    axes = [axes] if len(grids) == 1 else list(axes)
+    for ax, (name, values) in zip(axes, grids.items()):
+        positive = [v for v in values if v > 0]
+        top = element_max[name]
+        ax.vlines(positive, 0, 1, color=OTHER_COLOUR, lw=0.8)
+        ax.axvspan(top, 2 * 2 ** int(top).bit_length(), color="#D55E00", alpha=0.12)
+        ax.text(top * 1.04, 1.25, f"clips to {top:g}", color="#D55E00", fontsize=8)
+        for i, (rule, where) in enumerate(landings[name].items()):
+            ax.plot([where], [0.5], marker="v^o"[i % 3], ms=10, color=RULE_COLOURS.get(rule, "k"),
+                    ls="", label=f"{rule}: {where:.4g}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(min(positive) / 1.5, 2 * 2 ** int(top).bit_length())
+        ax.set_ylim(0, 1.6)
+        ax.set_yticks([])
+        ax.set_title(f"{name}: where the block's amax / X lands", fontsize=10, loc="left")
+        ax.legend(loc="upper left", fontsize=8, ncol=3, frameon=False, bbox_to_anchor=(0, 0.98))
+    axes[-1].set_xlabel("value on the element grid (log scale; grey ticks: the representable values)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_three_matmuls(blocks: dict[str, dict[str, tuple[str, str]]]) -> Figure:
+    """The forward, input-gradient and weight-gradient matmuls of a linear layer as three
+    panels: each operand a box labelled with its shape and its scale blocks; the dimension the
+    matmul sums over (K) marked in each. `blocks[matmul][operand] = (shape, block label)`."""
+    fig, axes = plt.subplots(1, len(blocks), figsize=(4.2 * len(blocks), 3.0))
+    for ax, (title, operands) in zip(axes, blocks.items()):
+        x = 0.02
+        for i, (operand, (shape, block)) in enumerate(operands.items()):
+            colour = DTYPE_COLOURS["fp8_e4m3"] if i < 2 else DTYPE_COLOURS["fp32"]
+            ax.add_patch(Rectangle((x, 0.3), 0.27, 0.4, fc=colour, alpha=0.25, ec=colour))
+            ax.text(x + 0.135, 0.57, operand, ha="center", fontsize=10, weight="bold")
+            ax.text(x + 0.135, 0.45, shape, ha="center", fontsize=8)
+            ax.text(x + 0.135, 0.2, block, ha="center", fontsize=8, color="#333333")
+            if i < 2:
+                ax.text(x + 0.3, 0.5, "@" if i == 0 else "=", ha="center", fontsize=12)
+            x += 0.33
+        ax.set_title(title, fontsize=10)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.axis("off")
+    fig.suptitle("A linear layer's three matmuls: each operand blocked along the dimension "
+                 "its matmul sums over (K)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_error_against_k(curves: dict[str, dict[int, float]]) -> Figure:
+    """Each accumulator's largest relative error against the dot product's length K (log-log),
+    with lines of slope 1 (errors that add up) and 1/2 (errors that cancel) for reference."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, errors in curves.items():
+        ks = sorted(errors)
+        ax.plot(ks, [100 * errors[k] for k in ks], marker="o", label=name)
+    first = min(min(c) for c in curves.values())
+    last = max(max(c) for c in curves.values())
+    anchor = 100 * max(c[first] for c in curves.values())
+    ax.plot([first, last], [anchor, anchor * last / first], ls=":", color="gray", label="grows like K")
+    ax.plot([first, last], [anchor, anchor * (last / first) ** 0.5], ls="--", color="gray",
+            label="grows like sqrt(K)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("K, the number of products summed")
+    ax.set_ylabel("largest error (% of the largest output)")
+    ax.set_title("A narrow accumulator's error against K")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
