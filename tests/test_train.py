@@ -154,8 +154,10 @@ def test_precision_support_errors_and_warnings(monkeypatch):
                                     compute_capability=(7, 0), threads=2, cpu_capability="AVX2",
                                     precisions=hardware.cuda_precisions((7, 0)))
     monkeypatch.setattr(hardware, "report", lambda: volta)
-    with pytest.raises(ValueError, match="'bf16' cannot run on this cuda device: needs Ampere"):
-        precision_support("bf16", "cuda")
+    with pytest.raises(ValueError, match="'tf32' cannot run on this cuda device: needs Ampere"):
+        precision_support("tf32", "cuda")
+    with pytest.warns(UnacceleratedPrecisionWarning, match="bf16 on this cuda is not accelerated .emulated"):
+        precision_support("bf16", "cuda")  # runs, through FP32 arithmetic, before Ampere
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         precision_support("fp16", "cuda")  # tensor cores since Volta: no warning
