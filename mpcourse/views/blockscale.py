@@ -45,8 +45,8 @@ def plot_three_matmuls(blocks: dict[str, dict[str, tuple[str, str]]]) -> Figure:
     """The forward, input-gradient and weight-gradient matmuls of a linear layer as three
     panels: each operand a box labelled with its shape and its scale blocks; the dimension the
     matmul sums over (K) marked in each. `blocks[matmul][operand] = (shape, block label)`."""
-    fig, axes = plt.subplots(1, len(blocks), figsize=(4.2 * len(blocks), 3.0))
-    for ax, (title, operands) in zip(axes, blocks.items()):
+    fig, axes = plt.subplots(1, len(blocks), figsize=(4.2 * len(blocks), 3.0), squeeze=False)
+    for ax, (title, operands) in zip(axes[0], blocks.items()):
         x = 0.02
         for i, (operand, (shape, block)) in enumerate(operands.items()):
             colour = DTYPE_COLOURS["fp8_e4m3"] if i < 2 else DTYPE_COLOURS["fp32"]
