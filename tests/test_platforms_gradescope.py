@@ -223,7 +223,10 @@ def test_bad_hidden_visibility_is_refused_naming_the_choices(tmp_path):
     assert done.returncode == 2 and "ex99_nope" in done.stderr and "ex00_bytes" in done.stderr
 
 
-def test_one_autograder_for_every_exercise_gives_every_solution_full_marks(tmp_path):
+def test_one_autograder_for_every_exercise_routes_each_notebook_to_its_exercise(tmp_path):
+    """The zip holds every exercise; two solutions handed in together each get full marks, by
+    their exNN prefix. (That the grader gives every solution full marks is tests/test_exercises.py's
+    job: grading all twelve here again would add minutes and check nothing new.)"""
     out = tmp_path / "all.zip"
     done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(out), "--all")
     assert done.returncode == 0, done.stderr
@@ -231,8 +234,9 @@ def test_one_autograder_for_every_exercise_gives_every_solution_full_marks(tmp_p
     with zipfile.ZipFile(out) as zf:
         config = json.loads(zf.read("mpcourse-autograder.json"))
     assert [e["name"] for e in config["exercises"]] == [p.stem for p in solutions]
-    results = run_autograder(gradescope_root(tmp_path, out), *[(p.name, p) for p in solutions])
-    expected = {f"{p.stem}: {t.id}": (t.points, t.points) for p in solutions for t in load_exercise(p).tests}
+    handed_in = [p for p in solutions if p.stem.startswith(("ex00", "ex03"))]
+    results = run_autograder(gradescope_root(tmp_path, out), *[(p.name, p) for p in handed_in])
+    expected = {f"{p.stem}: {t.id}": (t.points, t.points) for p in handed_in for t in load_exercise(p).tests}
     assert scores(results) == expected, results["output"]
 
 
