@@ -181,14 +181,16 @@ def test_a_killed_cell_is_skipped_and_noted(graded):
 
 def test_failing_tests_say_why(graded):
     submissions = graded.submissions
-    assert submissions["ex00_raises"]["tests"][0]["reason"] == "ValueError: I gave up"
+    assert submissions["ex00_raises"]["tests"][0]["reason"] == "ValueError: 'I gave up'"  # the submission's text, quoted
     partial = {t["id"]: t for t in submissions["ex00_partial"]["tests"]}
     assert partial["fp32_ten_million"]["passed"] and not partial["fp16_ten_million"]["passed"]
     assert "20,000,000" in partial["fp16_ten_million"]["reason"]
     fakes = {t["id"]: t["reason"] for t in submissions["ex09_fakes_checks"]["tests"]}
-    # a test that fails beside the learner's code gives its own hint first (the faked checks did
-    # not fool this one); tests the fakes do fool are caught by the logs (test_hostile_submission_scores_its_honest_work_with_a_reason)
-    assert fakes["loop_b_clip_order"].startswith("after 30 steps your weights differ"), fakes
+    # a model test's checks are judged in the grader: the sandbox's patched min and torch.equal
+    # make the learner's own values agree, but not beside a correct run's, and the reason is the
+    # test's own hint, built in the grader
+    assert fakes["loop_a_scale_healthy"].startswith("the scale should settle once it fits"), fakes
+    assert fakes["loop_a_scale_healthy"].endswith("(your values pass alone but not beside a correct run's)"), fakes
 
 
 def test_hidden_tests_do_not_leak_through_reasons(graded):
