@@ -1,5 +1,6 @@
 """Every exercise end to end: each solution scores 100%, each learner copy as released scores 0."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,19 @@ EXERCISES = sorted((ROOT / "exercises").glob("ex*.ipynb"))
 
 
 @pytest.fixture(scope="module")
-def graded():
-    paths = [str(p) for p in SOLUTIONS + EXERCISES]
-    result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *paths, "--json", "--timeout", "300"],
+def graded(tmp_path_factory):
+    # graded as copies: the grader refuses a submission inside its solutions folder
+    tmp = tmp_path_factory.mktemp("exercises")
+    for folder, paths in (("solutions", SOLUTIONS), ("exercises", EXERCISES)):
+        (tmp / folder).mkdir()
+        for path in paths:
+            shutil.copy(path, tmp / folder / path.name)
+    paths = [str(tmp / p.parent.name / p.name) for p in SOLUTIONS + EXERCISES]
+    result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--solutions", str(ROOT / "solutions"),
+                             "--json", "--timeout", "300", "--", *paths],
                             capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert result.returncode == 0, result.stderr
-    return {Path(s["path"]).relative_to(ROOT).as_posix(): s for s in json.loads(result.stdout)["submissions"]}
+    return {Path(s["path"]).relative_to(tmp).as_posix(): s for s in json.loads(result.stdout)["submissions"]}
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
