@@ -23,7 +23,7 @@ TORCH_SPEC ?= torch==$(LOCKED_TORCH)
 TORCH_INDEX ?=
 LOCK := requirements-lock.txt
 # The optional-dependency groups of pyproject.toml (tests/test_environment.py checks the list).
-EXTRAS := lab,dev
+EXTRAS := lab,dev,site
 PORT ?= 8888
 TOKEN ?=
 VENV := .venv

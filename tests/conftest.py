@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -9,3 +11,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `sandbox` grade in bubblewrap, which only Linux has: elsewhere (macOS) they
+    are skipped, saying so. On Linux they run, and fail when bubblewrap is missing."""
+    if sys.platform.startswith("linux"):
+        return
+    skip = pytest.mark.skip(reason="the grader's sandbox is bubblewrap, which runs on Linux only: "
+                                   "grade on Linux (INSTRUCTORS.md, section 3)")
+    for item in items:
+        if item.get_closest_marker("sandbox"):
+            item.add_marker(skip)

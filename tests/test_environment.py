@@ -51,7 +51,7 @@ def test_environment_yml_pins_are_the_lock():
                         (ROOT / "environment.yml").read_text(), re.MULTILINE)
     in_yml = [(lock.normalize(n), v, m or "") for n, v, m in listed if n != "torch"]
     assert in_yml == lock.pins(LOCK_TEXT), "environment.yml drifted from the lock: run make lock"
-    assert "- -e .[lab,dev]" in (ROOT / "environment.yml").read_text()
+    assert "- -e .[lab,dev,site]" in (ROOT / "environment.yml").read_text()
 
 
 def test_the_makefile_names_every_extra_and_the_locked_torch():
