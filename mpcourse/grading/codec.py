@@ -50,7 +50,10 @@ def encode(value, depth=0):
     if numpy is not None and isinstance(value, numpy.generic) and value.dtype.kind in "biuf":
         return encode(value.item(), depth + 1)  # np.float32(2.5) is the number 2.5
     if numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind in "biuf":
-        return _encode_tensor(torch.from_numpy(numpy.ascontiguousarray(value)))
+        try:
+            return _encode_tensor(torch.from_numpy(numpy.ascontiguousarray(value)))
+        except TypeError:  # a numpy dtype torch has no tensor for
+            raise NotPlainData(f"a numpy array of {value.dtype} is not plain data") from None
     if isinstance(value, list):
         return [encode(v, depth + 1) for v in value]
     if isinstance(value, tuple):  # a namedtuple is the tuple of its values
