@@ -37,6 +37,7 @@ TWINS = {
     "ex00_course_answer_imported": "ex00_stub",
     "ex05_course_answer_hidden": "ex05_stub",
     "ex04_smuggles_hidden_code": "ex04_stub",
+    "ex09_forges_check_log": "ex09_wrong_loops",
 }
 # honest variants of right answers: full marks
 HONEST = ["ex00_numpy_int", "ex05_numpy_and_namedtuple", "ex02_value_error_subclass", "ex04_helper_cells",

@@ -203,7 +203,7 @@ def beside_verdict(plan: Plan, test_id: str, got: dict) -> tuple[bool, str | Non
             return False, f"the sandbox sent a malformed value ({bounded(error)})"
         if not check.passes(mine, solution):
             values = {}
-            for name in check.names:
+            for name in (n for n in check.names if n in names):
                 try:
                     values[name] = decode_leaf(names.get(name))
                 except codec.MalformedData:
