@@ -10,6 +10,8 @@ import pytest
 
 from mpcourse.grading.release import STUB
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 EX11 = "ex11_stochastic_rounding"
 ANSWERS = {

@@ -18,6 +18,8 @@ import pytest
 from mpcourse.grading.exercise import BEGIN_SOLUTION, END_SOLUTION, without_markers
 from mpcourse.grading.release import STUB
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 EX01, EX06 = "ex01_bf16_rounding", "ex06_mixed_precision_step"
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("ex*.ipynb"))

@@ -23,6 +23,8 @@ from mpcourse.grading import selfcheck as check_module
 from mpcourse.grading.exercise import HIDDEN_NOTE, load_exercise
 from mpcourse.grading.release import release_all, release_notebook
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
 

@@ -26,6 +26,8 @@ from mpcourse.grading.gradebook import SubmissionResult
 from mpcourse.grading.pool import grade_in_processes
 from mpcourse.grading.sandbox import Limits, Sandbox, WorkerGone
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
 LINUX = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox and the grading processes are Linux-only")

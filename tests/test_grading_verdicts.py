@@ -23,6 +23,8 @@ from mpcourse.grading.checks import Check, Opaque, split_tests
 from mpcourse.grading.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions, load_exercise
 from mpcourse.grading.verdict import run_test
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())

@@ -20,6 +20,8 @@ import yaml
 from mpcourse.grading.exercise import load_exercise
 from mpcourse.grading.platforms import classroom, lms
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 EX00 = load_exercise(ROOT / "solutions" / "ex00_bytes.ipynb")
 

@@ -25,6 +25,8 @@ from mpcourse.grading.platforms.gradescope_results import Expected, results_json
 from mpcourse.grading.platforms.gradescope_run import choose
 from mpcourse.grading import selfcheck
 
+pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "tests" / "fixtures" / "gradescope" / "results.schema.json").read_text())
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
