@@ -26,7 +26,7 @@ def plot_amax_landings(grids: dict[str, list[float]], landings: dict[str, dict[s
         top = element_max[name]
         ax.vlines(positive, 0, 1, color=OTHER_COLOUR, lw=0.8)
         ax.axvspan(top, 2 * 2 ** int(top).bit_length(), color="#D55E00", alpha=0.12)
-        ax.text(top * 1.04, 1.25, f"clips to {top:g}", color="#D55E00", fontsize=8)
+        ax.text(top / 1.04, 1.25, f"clips to {top:g} ->", color="#D55E00", fontsize=8, ha="right")
         for i, (rule, where) in enumerate(landings[name].items()):
             ax.plot([where], [0.5], marker="v^o"[i % 3], ms=10, color=RULE_COLOURS.get(rule, "k"),
                     ls="", label=f"{rule}: {where:.4g}")
