@@ -227,7 +227,7 @@ def test_bad_hidden_visibility_is_refused_naming_the_choices(tmp_path):
 
 def test_one_autograder_for_every_exercise_routes_each_notebook_to_its_exercise(tmp_path):
     """The zip holds every exercise; two solutions handed in together each get full marks, by
-    their exNN prefix. (That the grader gives every solution full marks is tests/test_exercises.py's
+    their exNN prefix, and every exercise not handed in scores 0. (That the grader gives every solution full marks is tests/test_exercises.py's
     job: grading all twelve here again would add minutes and check nothing new.)"""
     out = tmp_path / "all.zip"
     done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(out), "--all")
@@ -238,7 +238,8 @@ def test_one_autograder_for_every_exercise_routes_each_notebook_to_its_exercise(
     assert [e["name"] for e in config["exercises"]] == [p.stem for p in solutions]
     handed_in = [p for p in solutions if p.stem.startswith(("ex00", "ex03"))]
     results = run_autograder(gradescope_root(tmp_path, out), *[(p.name, p) for p in handed_in])
-    expected = {f"{p.stem}: {t.id}": (t.points, t.points) for p in handed_in for t in load_exercise(p).tests}
+    expected = {f"{p.stem}: {t.id}": (t.points if p in handed_in else 0, t.points)
+                for p in solutions for t in load_exercise(p).tests}
     assert scores(results) == expected, results["output"]
 
 

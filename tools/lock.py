@@ -89,10 +89,17 @@ def normalize(name: str) -> str:
 
 def compare() -> int:
     """Print each package whose installed version is not the locked one (make test-latest)."""
-    lock, have = locked_here(LOCK.read_text()), installed()
+    from packaging.version import Version
+    text = LOCK.read_text()
+    lock, have = locked_here(text), installed()
+    torch = re.search(r"resolved with torch==(\S+?):", text)
+    if torch:  # TORCH_SPEC's, not the lock's; listed, since it changes more than any other
+        lock["torch"] = torch[1]
+    if "torch" in have and Version(have["torch"]).public == lock.get("torch"):
+        have["torch"] = lock["torch"]   # 2.13.0+cpu is the locked 2.13.0, built for the CPU
     changed = [(name, lock.get(name, "-"), have.get(name, "-")) for name in sorted(set(lock) | set(have))
-               if lock.get(name) != have.get(name) and not CUDA_RUNTIME.match(name)
-               and name not in ("mpcourse", "pip")]
+               if lock.get(name) != have.get(name) and name not in ("mpcourse", "pip")
+               and (name == "torch" or not CUDA_RUNTIME.match(name))]
     print(f"Installed against {LOCK.name}: {len(changed)} differ" + (":" if changed else ""))
     for name, locked, now in changed:
         print(f"  {name:<28} locked {locked:<14} here {now}")
