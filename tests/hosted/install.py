@@ -27,8 +27,10 @@ def bare_python(folder: Path, *packages: str) -> Path:
     python = folder / "bin" / "python"
     torch_spec = os.environ.get("MPCOURSE_TEST_TORCH", f"torch=={torch.__version__}")
     index = os.environ.get("TORCH_INDEX")  # as the Makefile: torch alone from that index
-    run([str(python), "-m", "pip", "install", "--quiet", *(["--index-url", index] if index else []), torch_spec])
-    run([str(python), "-m", "pip", "install", "--quiet", *packages])
+    # --no-compile: byte-compiling torch's files took two thirds of its install (15 s against 5 s)
+    run([str(python), "-m", "pip", "install", "--quiet", "--no-compile",
+         *(["--index-url", index] if index else []), torch_spec])
+    run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *packages])
     return python
 
 
