@@ -178,7 +178,10 @@ def test_no_process_outlives_grading(graded):
 def test_a_killed_cell_is_skipped_and_noted(graded):
     notes = graded.submissions["ex00_os_exit"]["notes"]
     assert any("code cell 3 stopped the submission's process" in note for note in notes), notes
-    assert any("printed more than 32 MiB" in note for note in graded.submissions["ex00_huge_output"]["notes"])
+    # 40 MiB at once: the output counter (32 MiB) or the reply's line cap (16 MiB) stops it first,
+    # whichever sees the bytes first on a busy machine; either way the cell is stopped and noted
+    huge = graded.submissions["ex00_huge_output"]["notes"]
+    assert any("printed more than 32 MiB" in note or "sent a reply line over 16 MiB" in note for note in huge), huge
 
 
 def test_failing_tests_say_why(graded):
