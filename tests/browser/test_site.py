@@ -151,7 +151,9 @@ def test_lessons_named_in_the_prose_link_to_their_pages(visited):
 def test_search_finds_a_lesson_by_a_word_in_it(server, browser_context):
     page = browser_context.new_page()
     page.goto(server + "search.html?q=GradScaler")
-    page.wait_for_selector("#search-results ul.search li a", timeout=60_000)
+    # Sphinx lists results as it finds them and writes "Search finished" once all are in
+    page.wait_for_function("(document.querySelector('#search-results .search-summary') || {}).textContent"
+                           "?.includes('Search finished')", timeout=60_000)
     found = page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
     page.close()
     assert any(re.search(r"/notebooks/05_loss_scaling\.html", link) for link in found), found
