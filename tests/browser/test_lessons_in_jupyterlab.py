@@ -119,6 +119,12 @@ def check_control_panel(lesson: LessonPage, artifacts: Path) -> None:
 WIDGET_CHECKS = {"01": check_bits_explorer, "06": check_control_panel}
 
 
+def assert_no_errors(notebook: str, cells) -> None:
+    """No code cell shows an error or anything on stderr, as a learner would see it."""
+    failures = [f"code cell {c.index} ({c.prompt}):\n{text}" for c in cells for text in c.errors]
+    assert not failures, f"{notebook} shows an error or stderr output in JupyterLab:\n" + "\n".join(failures)
+
+
 def runs_whole(notebook: str) -> bool:
     """Lesson 00, and every lesson with a widget (stored, or driven by `WIDGET_CHECKS`)."""
     return (notebook.startswith("00") or notebook[:2] in WIDGET_CHECKS
@@ -133,8 +139,7 @@ def test_lesson_opens_in_jupyterlab_with_its_outputs(notebook, lab, browser_cont
         lesson.open()
         cells = lesson.code()
         lesson.screenshot(artifacts / f"{Path(notebook).stem}-opened.png")
-        failures = [f"code cell {c.index} ({c.prompt}):\n{text}" for c in cells for text in c.errors]
-        assert not failures, f"{notebook} shows an error or stderr output in JupyterLab:\n" + "\n".join(failures)
+        assert_no_errors(notebook, cells)
         stored = [c.count for c in cells]
         assert stored == list(range(1, len(cells) + 1)), \
             f"{notebook}: JupyterLab shows the stored prompts {stored}, not every code cell run in order"
@@ -153,8 +158,7 @@ def test_lesson_runs_in_jupyterlab(notebook, lab, browser_context, artifacts):
         cells = lesson.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
         stem = Path(notebook).stem
         lesson.screenshot(artifacts / f"{stem}-after-run-all.png")
-        failures = [f"code cell {c.index} ({c.prompt}):\n{text}" for c in cells for text in c.errors]
-        assert not failures, f"{notebook} shows an error or stderr output in JupyterLab:\n" + "\n".join(failures)
+        assert_no_errors(notebook, cells)
         counts = [c.count for c in cells]
         assert counts == list(range(1, len(cells) + 1)), \
             f"{notebook}: Run All did not run every code cell once, in order: prompts {counts}"
