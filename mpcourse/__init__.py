@@ -5,9 +5,11 @@ Modules follow the lessons:
 - 01 `formats` (the formats), `rounding` (rounding to them, bit by bit), `inspect_value` (one
   value taken apart), `bits_explorer`;
 - 02 `memory` (the accounting), `memory_measure` (measured on the running process);
-- 03 `autocast`, with its op tables in `autocast_policy`;
-- 04 `master`;
-- 05 `scaling`, with the experiments lesson 09 repeats in `scaling_experiments`;
+- 03 `autocast`, with its op tables in `autocast_policy`, and `recipe_step` (one real training
+  step of a recipe, each tensor's dtype recorded);
+- 04 `master`, and `update_walk` (one weight under many small updates, kept by each cure of
+  lessons 04 and 11);
+- 05 `scaling`, with its experiments in `scaling_experiments` (lesson 09 repeats two);
 - 06 `train` (a package: `RunConfig -> train -> RunResult`, the one training loop, into which
   every variant below plugs through `RunConfig`), `precision` (the run precisions' names and
   dtypes), `lab_size`, `widgets`, on `models` and `data`; tables and plots of results in `views`;
@@ -16,7 +18,7 @@ Modules follow the lessons:
 - 09 `clinic`, a package with one module of cases per lesson;
 - 10 `blockscale`, `scaled_matmul`, `accumulation`, `torch_scaled_mm`, `block_linear`;
 - 11 `stochastic`, `kahan`, `codebooks`, `optim_states`, `master_layouts`, `optimizer_memory`,
-  `step_memory`, `ladder_measure`, `update_walk`.
+  `step_memory`, `ladder_measure`.
 
 Around them: `hardware` (what this machine accelerates), `performance` (the roofline of lesson
 00), `benchmark`, `course` (the course map) and `grading` (exercises, `check()` and the

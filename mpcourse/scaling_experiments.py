@@ -1,5 +1,8 @@
-"""Two experiments of lesson 05 that lesson 09's clinic stages again, written once for both.
+"""Experiments of lesson 05: the dynamic scaler's reaction to overflows, and two that lesson
+09's clinic stages again, written once for both.
 
+- `scale_trace`: the scale `mpcourse.scaling.GradScaler` uses in each iteration of a tiny run
+  whose gradients are made infinite on purpose, for lesson 05's picture of the scaler.
 - `clipped_step`: one loss-scaled step with gradient clipping, with `unscale_` before the clip
   (right) or after it (the mistake: the threshold is divided by the scale), or with no scaler at
   all (the FP32 reference).
@@ -7,9 +10,9 @@
   state; resume without it (the mistake: the scale restarts at its initial value and skips steps
   to find its level again).
 
-Each takes the model, optimizer and training step from its caller, so the lesson runs them on
-its small FP32 model under autocast to FP16 and the clinic on its own small models; both work as
-well for 16-bit parameters with FP32 masters (pass the masters as `params`).
+The last two take the model, optimizer and training step from their caller, so the lesson runs
+them on its small FP32 model under autocast to FP16 and the clinic on its own small models; both
+work as well for 16-bit parameters with FP32 masters (pass the masters as `params`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from mpcourse.scaling import GradScaler
+
 
 def skipped_steps(scales: list[float], initial_scale: float = 2.0**16) -> list[int]:
     """The positions in `scales` (the scale after each update) where the scale went down.
@@ -28,6 +33,37 @@ def skipped_steps(scales: list[float], initial_scale: float = 2.0**16) -> list[i
     these are the skipped steps. `initial_scale` is the scale before the first of them.
     """
     return [i for i, s in enumerate(scales) if s < ([initial_scale] + scales)[i]]
+
+
+@dataclass(frozen=True)
+class ScaleTrace:
+    """The scale a dynamic scaler used in each iteration of a run that overflowed on purpose."""
+    scales: list[float]               # the scale of each iteration, before its update
+    overflow_steps: tuple[int, ...]   # the iterations whose gradients were made infinite
+    init_scale: float
+    growth_interval: int
+
+
+def scale_trace(steps: int = 40, overflow_steps: tuple[int, ...] = (6, 25),
+                init_scale: float = 2.0**10, growth_interval: int = 5) -> ScaleTrace:
+    """The scale `mpcourse.scaling.GradScaler` used in each of `steps` iterations of a tiny
+    SGD run whose gradient is made infinite at `overflow_steps` (counted from 0)."""
+    bad = [s for s in overflow_steps if not 0 <= s < steps]
+    if bad:
+        raise ValueError(f"overflow_steps must lie in [0, {steps}), got {bad}")
+    weight = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=1e-3)
+    scaler = GradScaler(init_scale=init_scale, growth_interval=growth_interval)
+    scales = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        scaler.scale((weight + 1.0).sum()).backward()
+        if step in overflow_steps:
+            weight.grad.fill_(float("inf"))
+        scales.append(scaler.get_scale())
+        scaler.step(optimizer)
+        scaler.update()
+    return ScaleTrace(scales, tuple(overflow_steps), init_scale, growth_interval)
 
 
 @dataclass(frozen=True)

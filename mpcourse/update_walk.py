@@ -1,4 +1,4 @@
-"""One weight, many small updates: what each cure for vanishing updates keeps (lesson 11).
+"""One weight, many small updates: what each cure for vanishing updates keeps (lessons 04, 11).
 
 `walk` adds the same update to a 16-bit weight step after step and records the weight, the way
 an optimizer would with a constant gradient. The cures differ only in how each sum is stored:
@@ -9,11 +9,13 @@ an optimizer would with a constant gradient. The cures differ only in how each s
 - ``"stochastic"``: stochastic rounding (`mpcourse.stochastic`): right on average.
 
 It runs `n` independent weights at once, so that the stochastic walk's mean and spread can be
-measured; the deterministic cures give `n` identical walks.
+measured; the deterministic cures give `n` identical walks. `master_walk` keeps the three
+walks of lesson 04's picture together: the FP32 master, its BF16 copy, and a BF16 weight alone.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -32,11 +34,18 @@ def walk(start: float, update: float, steps: int, cure: str, n: int = 1,
     if steps < 1 or n < 1 or record_every < 1:
         raise ValueError(f"steps, n and record_every must be at least 1, got {steps}, {n}, "
                          f"{record_every}")
+    return _walks(start, update, steps, cure, n, generator, record_every)[0]
+
+
+def _walks(start: float, update: float, steps: int, cure: str, n: int,
+           generator: torch.Generator | None,
+           record_every: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`walk`'s stored weights, and the FP32 masters beside them (used by "master" only)."""
     weight = torch.full((n,), start).bfloat16()
     exact = weight.float()                      # the FP32 master, for "master"
     compensation = torch.zeros_like(weight)     # for "kahan"
     step_update = torch.full((n,), update)
-    trace = [weight.double()]
+    trace, masters = [weight.double()], [exact.double()]
     for step in range(1, steps + 1):
         if cure == "nearest":
             weight = (weight.float() + step_update).bfloat16()
@@ -50,7 +59,28 @@ def walk(start: float, update: float, steps: int, cure: str, n: int = 1,
                               generator=generator).bfloat16()
         if step % record_every == 0:
             trace.append(weight.double())
-    return torch.stack(trace)
+            masters.append(exact.double())
+    return torch.stack(trace), torch.stack(masters)
+
+
+@dataclass(frozen=True)
+class MasterWalk:
+    """`steps` updates of `update` to a weight that starts at `start`, kept two ways; each
+    tensor (float64) holds the weight before the first update and after each one."""
+    start: float
+    update: float
+    steps: int
+    master: torch.Tensor    # the FP32 master
+    working: torch.Tensor   # its BF16 working copy: the master rounded to nearest
+    alone: torch.Tensor     # a BF16 weight updated by itself ("nearest")
+
+
+def master_walk(start: float, update: float, steps: int) -> MasterWalk:
+    """A BF16 weight under `steps` small updates, kept as an FP32 master and kept alone."""
+    alone = walk(start, update, steps, "nearest")[:, 0]
+    working, master = _walks(start, update, steps, "master", 1, None, 1)
+    return MasterWalk(start, update, steps, master=master[:, 0], working=working[:, 0],
+                      alone=alone)
 
 
 def stochastic_spread(start: float, update: float, steps: int, fmt: FloatFormat = BF16) -> float:

@@ -12,6 +12,10 @@ from torch import nn  # noqa: E402
 
 import mpcourse  # noqa: E402
 from mpcourse.distributed import wire_bytes, wire_bytes_of_payload  # noqa: E402
+from mpcourse.fp8 import Fp8Linear  # noqa: E402
+from mpcourse.recipe_step import step_dtypes  # noqa: E402
+from mpcourse.scaling_experiments import scale_trace  # noqa: E402
+from mpcourse.update_walk import master_walk  # noqa: E402
 from mpcourse.views import dataflow_diagrams as flows  # noqa: E402
 from mpcourse.views import diagrams  # noqa: E402
 
@@ -46,27 +50,45 @@ RECIPES = [(torch.float32, None, False), (torch.float32, torch.bfloat16, False),
 
 
 @pytest.mark.parametrize("param_dtype,autocast_dtype,grad_scaler", RECIPES)
-def test_dtype_flow_labels_are_the_dtypes_torch_gives(param_dtype, autocast_dtype, grad_scaler):
-    labels = texts_by_gid(diagrams.dtype_flow(param_dtype, autocast_dtype, grad_scaler))
+def test_step_dtypes_are_the_dtypes_torch_gives(param_dtype, autocast_dtype, grad_scaler):
+    recorded = step_dtypes(param_dtype, autocast_dtype, grad_scaler).tensor_dtypes()
     for name, dtype in expected_step(param_dtype, autocast_dtype).items():
-        assert labels[name] == diagrams.dtype_label(dtype), name
+        assert recorded[name] == dtype, name
+    assert (recorded["scaled_loss"] is not None) == grad_scaler
+
+
+@pytest.mark.parametrize("param_dtype,autocast_dtype,grad_scaler", RECIPES)
+def test_dtype_flow_draws_the_recorded_step(param_dtype, autocast_dtype, grad_scaler):
+    step = step_dtypes(param_dtype, autocast_dtype, grad_scaler)
+    fig = diagrams.dtype_flow(step)
+    labels = texts_by_gid(fig)
+    recorded = step.tensor_dtypes()
+    state = diagrams.dtype_label(recorded.pop("optimizer_state"))
+    for name, dtype in recorded.items():
+        if dtype is not None:
+            assert labels[name] == diagrams.dtype_label(dtype), name
     assert ("scaled_loss" in labels) == grad_scaler
+    assert f"AdamW updates (state {state})" in [t.get_text() for t in fig.axes[0].texts]
+    assert fig.axes[0].get_title() == \
+        f"One training step: {diagrams.recipe_title(step.recipe)}"
 
 
 def test_dtype_flow_changes_with_the_recipe():
-    fp32 = texts_by_gid(diagrams.dtype_flow(torch.float32))
-    bf16 = texts_by_gid(diagrams.dtype_flow(torch.float32, torch.bfloat16))
-    masters = texts_by_gid(diagrams.dtype_flow(torch.float16, None, True))
+    fp32 = texts_by_gid(diagrams.dtype_flow(step_dtypes(torch.float32)))
+    bf16 = texts_by_gid(diagrams.dtype_flow(step_dtypes(torch.float32, torch.bfloat16)))
+    masters = texts_by_gid(diagrams.dtype_flow(step_dtypes(torch.float16, None, True)))
     assert (fp32["matmul_operand"], bf16["matmul_operand"]) == ("fp32", "bf16")
     assert (masters["parameter"], masters["parameter_grad"], masters["optimizer_grad"]) == \
         ("fp16", "fp16", "fp32")
+    assert diagrams.recipe_title(step_dtypes(torch.float16, torch.float16, True).recipe) == \
+        "fp16 parameters with FP32 masters + autocast fp16 + GradScaler"
 
 
 def test_step_dtypes_rejects_an_unknown_recipe():
-    with pytest.raises(ValueError, match="param_dtype"):
-        diagrams.step_dtypes(torch.float64)
-    with pytest.raises(ValueError, match="autocast_dtype"):
-        diagrams.step_dtypes(torch.float32, torch.float32)
+    with pytest.raises(ValueError, match="param_dtype must be one of .* got torch.float64"):
+        step_dtypes(torch.float64)
+    with pytest.raises(ValueError, match="autocast_dtype must be one of .* got torch.float32"):
+        step_dtypes(torch.float32, torch.float32)
 
 
 def test_one_colour_per_dtype_everywhere():
@@ -77,18 +99,33 @@ def test_one_colour_per_dtype_everywhere():
     assert diagrams.dtype_colour(torch.int64) == diagrams.OTHER_COLOUR
 
 
-def test_master_weight_loop_draws_the_real_walks():
-    fig = diagrams.master_weight_loop(start=1.0, update=1e-3, steps=50)
+def test_master_walk_is_an_fp32_sum_and_its_bf16_rounding():
+    walks = master_walk(start=1.0, update=1e-3, steps=50)
+    exact = [torch.tensor(1.0)]
+    for _ in range(50):
+        exact.append(exact[-1] + torch.tensor(1e-3))
+    exact = torch.stack(exact)
+    assert torch.equal(walks.master, exact.double())         # summed in FP32, bit for bit
+    assert torch.equal(walks.working, exact.bfloat16().double())
+    assert torch.equal(walks.alone, torch.ones(51, dtype=torch.float64))  # 1 + 1e-3 rounds to 1
+
+
+def test_master_weight_loop_draws_the_recorded_step_and_walks():
+    walks = master_walk(start=1.0, update=1e-3, steps=50)
+    fig = diagrams.master_weight_loop(step_dtypes(torch.bfloat16), walks)
     labels = texts_by_gid(fig)
     assert (labels["master"], labels["working"], labels["working_grad"], labels["master_grad"]) \
         == ("fp32", "bf16", "bf16", "fp32")
-    lines = {line.get_gid(): line.get_ydata() for line in fig.axes[1].lines}
-    exact = torch.tensor(1.0)
-    for _ in range(50):
-        exact = exact + torch.tensor(1e-3)
-    assert all(y == 1.0 for y in lines["alone_walk"])  # 1 + 1e-3 rounds back to 1 in bf16
-    assert lines["master_walk"][-1] == pytest.approx(exact.item(), rel=1e-6)
-    assert lines["working_walk"][-1] == exact.bfloat16().item()
+    lines = {line.get_gid(): list(line.get_ydata()) for line in fig.axes[1].lines}
+    assert lines["master_walk"] == walks.master.tolist()
+    assert lines["working_walk"] == walks.working.tolist()
+    assert lines["alone_walk"] == walks.alone.tolist()
+
+
+def test_master_weight_loop_needs_a_step_with_masters():
+    with pytest.raises(ValueError, match="no masters: its parameters are torch.float32"):
+        diagrams.master_weight_loop(step_dtypes(torch.float32, torch.bfloat16),
+                                    master_walk(1.0, 1e-3, 10))
 
 
 def torch_scales(steps, overflow_steps, init_scale, growth_interval):
@@ -109,16 +146,20 @@ def torch_scales(steps, overflow_steps, init_scale, growth_interval):
 
 @pytest.mark.parametrize("overflow_steps,growth_interval", [((6, 25), 5), ((0, 1, 2, 30), 3)])
 def test_scale_trace_is_torch_grad_scalers(overflow_steps, growth_interval):
-    ours = diagrams.scale_trace(40, overflow_steps, 2.0**10, growth_interval)
-    assert ours == torch_scales(40, overflow_steps, 2.0**10, growth_interval)
-    fig = diagrams.loss_scaler_states(40, overflow_steps, 2.0**10, growth_interval)
+    trace = scale_trace(40, overflow_steps, 2.0**10, growth_interval)
+    assert trace.scales == torch_scales(40, overflow_steps, 2.0**10, growth_interval)
+    fig = diagrams.loss_scaler_states(trace)
     (line,) = [l for l in fig.axes[1].lines if l.get_gid() == "scale_trace"]
-    assert list(line.get_ydata()) == ours
+    assert list(line.get_ydata()) == trace.scales
+    spans = [p.get_patch_transform().transform(p.get_path().vertices)[:, 0]
+             for p in fig.axes[1].patches]
+    assert sorted((x.min(), x.max()) for x in spans) == [(s - 0.5, s + 0.5) for s in overflow_steps]
+    assert fig.axes[1].get_title() == f"A real GradScaler, growth_interval={growth_interval}"
 
 
 def test_scale_trace_rejects_overflows_outside_the_run():
-    with pytest.raises(ValueError, match=r"overflow_steps must lie in \[0, 10\)"):
-        diagrams.scale_trace(10, (10,))
+    with pytest.raises(ValueError, match=r"overflow_steps must lie in \[0, 10\), got \[10\]"):
+        scale_trace(10, (10,))
 
 
 def test_autocast_blocks_are_coloured_by_the_traced_dtypes():
@@ -152,14 +193,42 @@ def test_autocast_blocks_rejects_what_is_not_a_trace():
         flows.autocast_blocks([])
 
 
+def fp8_layer_after_one_step(dtype=torch.float32):
+    layer = Fp8Linear(2, 2, dtype=dtype)
+    x = torch.ones(1, 2, dtype=dtype, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    return layer, x, y
+
+
 def test_fp8_dataflow_states_the_formats_limits():
-    fig = flows.fp8_linear_dataflow()
+    fig = flows.fp8_linear_dataflow(*fp8_layer_after_one_step())
     labels = texts_by_gid(fig)
     assert (labels["format_x"], labels["format_w"], labels["format_g"]) == \
         ("fp8_e4m3", "fp8_e4m3", "fp8_e5m2")
     texts = " ".join(t.get_text() for t in fig.axes[0].texts) + fig.axes[0].get_title()
     for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         assert f"{torch.finfo(dtype).max:g}" in texts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_dataflow_reads_the_dtypes_off_the_layers_step(dtype):
+    layer, x, y = fp8_layer_after_one_step(dtype)
+    labels = texts_by_gid(flows.fp8_linear_dataflow(layer, x, y))
+    assert labels["weight"] == diagrams.dtype_label(layer.weight.dtype) == \
+        diagrams.dtype_label(dtype)
+    assert labels["input"] == diagrams.dtype_label(x.dtype)
+    assert labels["output"] == labels["output_grad"] == diagrams.dtype_label(y.dtype)
+    assert labels["grads"] == diagrams.dtype_label(layer.weight.grad.dtype)
+
+
+def test_fp8_dataflow_needs_a_delayed_layer_after_its_step():
+    x = torch.ones(1, 2, requires_grad=True)
+    with pytest.raises(ValueError, match="no gradient: run one forward and backward pass"):
+        layer = Fp8Linear(2, 2)
+        flows.fp8_linear_dataflow(layer, x, layer(x))
+    with pytest.raises(ValueError, match="delayed scaling .* got Fp8Linear.*recipe=current"):
+        flows.fp8_linear_dataflow(Fp8Linear(2, 2, recipe="current"), x, x)
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])

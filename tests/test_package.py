@@ -45,3 +45,39 @@ def test_precision_names_and_their_dtypes_are_written_only_in_mpcourse_precision
             if names_all_precisions or maps_names_to_dtypes:
                 copies.append(f"{_name(path)}:{line}")
     assert not copies, f"a second copy of mpcourse.precision's names: {copies}"
+
+
+VIEWS = PACKAGE / "views"
+#: The two front ends, which show results and so may import views.
+FRONT_ENDS = {PACKAGE / "cli.py", PACKAGE / "widgets.py"}
+
+
+def _imported_modules(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module, node.lineno
+            yield from ((f"{node.module}.{alias.name}", node.lineno) for alias in node.names)
+
+
+def test_a_mechanism_never_imports_a_view():
+    """Mechanisms compute and views show: a mechanism that imports a view closes an import
+    circle (views read mechanisms' results) and ties a computation to its presentation."""
+    offenders = [f"{_name(path)}:{line} imports {module}"
+                 for path in MODULES if VIEWS not in path.parents and path not in FRONT_ENDS
+                 for module, line in _imported_modules(ast.parse(path.read_text()))
+                 if module == "mpcourse.views" or module.startswith("mpcourse.views.")]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("path", sorted(VIEWS.glob("*.py")), ids=_name)
+def test_a_view_only_reads_results(path):
+    """A view draws what a mechanism computed and never trains: no backward pass, no optimizer
+    step, no scaler (the results arrive as arguments: a `StepDtypes`, a `RunResult`, a trace)."""
+    training = [f"{_name(path)}:{node.lineno}: {ast.unparse(node)}"
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and (node.func.attr == "backward"
+                     or ast.unparse(node.func).startswith(("torch.optim.", "torch.amp.")))]
+    assert not training, training

@@ -93,10 +93,10 @@ def test_lesson_configuration_16_bit_runs_end_within_5_percent_of_fp32():
                     dataclasses.replace(base, precision="bf16", loss_scaling="off"),
                     dataclasses.replace(base, precision="fp16", loss_scaling="dynamic"),
                     dataclasses.replace(base, precision="fp16", loss_scaling="off", master_weights=True)])
-    fp32 = runs.results[0].eval_loss
+    fp32 = runs[0].eval_loss
     uniform = MarkovText(base.vocab_size).uniform_loss
     assert fp32 < 0.5 * uniform, f"the model should learn the chain: eval loss {fp32} vs uniform {uniform}"
-    for result in runs.results[1:]:
+    for result in runs[1:]:
         assert abs(result.eval_loss - fp32) <= 0.05 * fp32, (result.config.label, result.eval_loss, fp32)
 
 

@@ -128,11 +128,11 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
     return result
 
 
-def compare(configs: Iterable[RunConfig], callbacks: Iterable[Callback] = ()):
-    """Run each configuration in turn, on the same data; the results side by side."""
-    from mpcourse.views.runs import RunComparison
+def compare(configs: Iterable[RunConfig], callbacks: Iterable[Callback] = ()) -> list[RunResult]:
+    """Run each configuration in turn, on the same data; the results in the same order, for
+    `mpcourse.views.runs.RunComparison` to show side by side."""
     callbacks = list(callbacks)
-    return RunComparison([train(config, callbacks) for config in configs])
+    return [train(config, callbacks) for config in configs]
 
 
 def _train_step(run: Setup, step: int, config: RunConfig, result: RunResult):

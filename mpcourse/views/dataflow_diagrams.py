@@ -20,7 +20,7 @@ from matplotlib.patches import Rectangle
 from mpcourse.autocast import Trace
 from mpcourse.distributed.costs import wire_bytes
 from mpcourse.formats import FP8_E4M3, FP8_E5M2
-from mpcourse.fp8 import Fp8Linear
+from mpcourse.fp8 import DelayedScaling, Fp8Linear
 from mpcourse.models import Block, GPTConfig
 from mpcourse.views.diagrams import (DTYPE_COLOURS, arrow, blank_axes, box, dtype_colour,
                                      dtype_label, dtype_legend)
@@ -75,13 +75,18 @@ def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
 
 # ---------------------------------------------------------------- 4. the FP8 linear
 
-def fp8_linear_dataflow() -> Figure:
+def fp8_linear_dataflow(layer: Fp8Linear, x: torch.Tensor, y: torch.Tensor) -> Figure:
     """Forward and backward of `mpcourse.fp8.Fp8Linear`: which tensor goes to which FP8 format,
-    how its scale is made, and where current and delayed scaling keep the scales."""
-    layer = Fp8Linear(2, 2)  # the defaults: delayed scaling; one step to read the dtypes off
-    x = torch.ones(1, 2, requires_grad=True)
-    y = layer(x)
-    y.sum().backward()
+    how its scale is made, and where current and delayed scaling keep the scales.
+
+    The dtypes are read off `layer` (delayed scaling, the default) after one forward pass of
+    `x` to `y` and one backward pass."""
+    if not isinstance(layer, Fp8Linear) or not isinstance(layer.input_scaling, DelayedScaling):
+        raise ValueError(f"layer must be an Fp8Linear with delayed scaling (the default), got "
+                         f"{layer!r}")
+    if layer.weight.grad is None:
+        raise ValueError("layer's weight has no gradient: run one forward and backward pass "
+                         "through it first, so that the picture can read the dtypes off")
     history = len(layer.input_scaling.amax_history)
     scale_dtype = dtype_label(layer.input_scaling.scale.dtype)
     e4m3, e5m2 = FP8_E4M3.max, FP8_E5M2.max
@@ -89,9 +94,9 @@ def fp8_linear_dataflow() -> Figure:
     blank_axes(ax, 12, 5.6)
     cols = (1.0, 3.55, 6.2, 8.75, 11.0)
     rows = {"x": 4.85, "w": 3.65, "g": 1.85}
-    box(ax, cols[0], rows["x"], "input x", x.dtype, width=1.7)
-    box(ax, cols[0], rows["w"], "weight W (master)", layer.weight.dtype, width=1.7)
-    box(ax, cols[0], rows["g"], "output gradient dY", y.dtype, width=1.7)
+    box(ax, cols[0], rows["x"], "input x", x.dtype, width=1.7, gid="input")
+    box(ax, cols[0], rows["w"], "weight W (master)", layer.weight.dtype, width=1.7, gid="weight")
+    box(ax, cols[0], rows["g"], "output gradient dY", y.dtype, width=1.7, gid="output_grad")
     for key, sym, fmt, limit in (("x", "x", "fp8_e4m3", e4m3), ("w", "W", "fp8_e4m3", e4m3),
                                  ("g", "dY", "fp8_e5m2", e5m2)):
         y_row = rows[key]

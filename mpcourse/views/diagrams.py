@@ -1,44 +1,40 @@
-"""Pictures of one training step, drawn from what torch and mpcourse compute (lessons 03 to 05).
+"""Pictures of one training step, drawn from what torch and mpcourse computed (lessons 03 to 05).
 
-Each function returns a matplotlib Figure showing one idea, so a lesson cell is one call:
+Each function takes a recorded result and returns a matplotlib Figure showing one idea, so a
+lesson cell is one computation and one call:
 
-- `dtype_flow`: the dtype of every tensor in one training step, for a recipe chosen by its
-  arguments. The dtypes come from a real tiny step run under `torch.autocast` (`step_dtypes`),
+- `dtype_flow`: the dtype of every tensor in one training step of a recipe, as
+  `mpcourse.recipe_step.step_dtypes` recorded them from a real tiny step under `torch.autocast`,
   so the picture cannot drift from torch.
 - `master_weight_loop`: FP32 masters and 16-bit working copies, with the walk of a weight
-  that receives many small updates, computed by `mpcourse.update_walk`.
+  that receives many small updates (`mpcourse.update_walk.master_walk`).
 - `loss_scaler_states`: the dynamic loss scaler's rule as a state machine, beside the scale
-  that `mpcourse.scaling.GradScaler` chose on a run with injected overflows (`scale_trace`).
+  that `mpcourse.scaling.GradScaler` chose on a run with injected overflows
+  (`mpcourse.scaling_experiments.scale_trace`).
 
 Colours: one colour per dtype in every picture (`DTYPE_COLOURS`, the Okabe-Ito palette, which
 stays distinguishable under the common colour-vision deficiencies).
 """
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
-
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mpcourse import precision
 from mpcourse.formats import BF16
 from mpcourse.inspect_value import neighbours
-from mpcourse.master import MasterWeightOptimizer
+from mpcourse.recipe_step import Recipe, StepDtypes
 from mpcourse.scaling import GradScaler
-from mpcourse.update_walk import walk
+from mpcourse.scaling_experiments import ScaleTrace
+from mpcourse.update_walk import MasterWalk
 
 #: One colour per number format, the same in every picture (Okabe-Ito, colour-blind safe).
 DTYPE_COLOURS = {"fp32": "#0072B2", "tf32": "#56B4E9", "bf16": "#E69F00", "fp16": "#D55E00",
                  "fp8_e4m3": "#009E73", "fp8_e5m2": "#CC79A7"}
 #: The colour of anything that is not a floating-point format (integer indices, no tensor).
 OTHER_COLOUR = "#999999"
-PARAM_DTYPES = (torch.float32, *precision.AUTOCAST_DTYPES.values())
-AUTOCAST_CHOICES = (None, *precision.AUTOCAST_DTYPES.values())
 
 
 def dtype_label(dtype: torch.dtype | str | None) -> str:
@@ -101,103 +97,24 @@ def dtype_legend(ax, names: list[str], **kwargs) -> None:
 
 # ---------------------------------------------------------------- 1. dtype flow of one step
 
-@dataclass(frozen=True)
-class StepDtypes:
-    """The dtypes of the tensors of one real training step, recorded while it ran."""
-    parameter: torch.dtype          # the model's parameters as stored
-    matmul_operand: torch.dtype     # the weight the forward matmul kernel (aten.addmm) received
-    activation: torch.dtype         # a linear layer's output
-    loss: torch.dtype
-    scaled_loss: torch.dtype | None  # None: no loss scaling
-    activation_grad: torch.dtype    # the gradient flowing back into that activation
-    parameter_grad: torch.dtype     # .grad of a model parameter
-    optimizer_grad: torch.dtype     # .grad of what the optimizer updates (the master, if any)
-    optimizer_param: torch.dtype    # what the optimizer updates
-    optimizer_state: torch.dtype    # AdamW's exp_avg
-
-
-class _MatmulOperands(TorchDispatchMode):
-    """Records the dtypes of the operands of the first addmm/mm the kernels receive."""
-
-    def __init__(self):
-        super().__init__()
-        self.dtypes: list[torch.dtype] | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.dtypes is None and func.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm):
-            self.dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor)]
-        return func(*args, **(kwargs or {}))
-
-
-def step_dtypes(param_dtype: torch.dtype = torch.float32, autocast_dtype: torch.dtype | None = None,
-                grad_scaler: bool = False) -> StepDtypes:
-    """Run one AdamW step of a two-layer model in a recipe and record its tensors' dtypes.
-
-    The recipe: parameters in `param_dtype` (16-bit ones get FP32 masters through
-    `MasterWeightOptimizer`), the forward pass under `torch.autocast("cpu", autocast_dtype)`
-    unless it is None, and `torch.amp.GradScaler` if `grad_scaler`.
-    """
-    if param_dtype not in PARAM_DTYPES:
-        raise ValueError(f"param_dtype must be one of {PARAM_DTYPES}, got {param_dtype!r}")
-    if autocast_dtype not in AUTOCAST_CHOICES:
-        raise ValueError(f"autocast_dtype must be one of {AUTOCAST_CHOICES}, got {autocast_dtype!r}")
-    generator = torch.Generator().manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(param_dtype)
-    masters = param_dtype != torch.float32
-    optimizer = (MasterWeightOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3) if masters
-                 else torch.optim.AdamW(model.parameters(), lr=1e-3))
-    # A modest initial scale, so that the one step is not skipped for an overflow.
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, enabled=grad_scaler)
-    x = torch.randn(4, 8, generator=generator).to(param_dtype)
-    target = torch.tensor([0, 3, 1, 2])
-    seen: dict[str, torch.dtype] = {}
-    operands = _MatmulOperands()
-    region = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
-              else contextlib.nullcontext())
-    with operands:
-        with region:
-            hidden = model[0](x)
-            hidden.register_hook(lambda grad: seen.__setitem__("activation_grad", grad.dtype))
-            loss = nn.functional.cross_entropy(model[2](model[1](hidden)), target)
-        scaled = scaler.scale(loss)
-        scaled.backward()
-    scaler.unscale_(optimizer)
-    updated = optimizer.param_groups[0]["params"][0]
-    torch.nn.utils.clip_grad_norm_(updated, max_norm=1.0)
-    optimizer_grad = updated.grad.dtype
-    scaler.step(optimizer)
-    scaler.update()
-    if not optimizer.state:
-        raise RuntimeError("the recorded step was skipped for an overflow; nothing to draw")
-    return StepDtypes(parameter=model[0].weight.dtype, matmul_operand=operands.dtypes[-1],
-                      activation=hidden.dtype, loss=loss.dtype,
-                      scaled_loss=scaled.dtype if grad_scaler else None,
-                      activation_grad=seen["activation_grad"],
-                      parameter_grad=model[0].weight.grad.dtype, optimizer_grad=optimizer_grad,
-                      optimizer_param=updated.dtype,
-                      optimizer_state=optimizer.state[updated]["exp_avg"].dtype)
-
-
-def recipe_title(param_dtype: torch.dtype, autocast_dtype: torch.dtype | None,
-                 grad_scaler: bool) -> str:
+def recipe_title(recipe: Recipe) -> str:
     """A one-line name for a recipe, e.g. "FP32 parameters + autocast bf16 + GradScaler"."""
-    if param_dtype == torch.float32:
+    if recipe.param_dtype == torch.float32:
         text = "FP32 parameters"
     else:
-        text = f"{dtype_label(param_dtype)} parameters with FP32 masters"
-    if autocast_dtype is not None:
-        text += f" + autocast {dtype_label(autocast_dtype)}"
-    return text + (" + GradScaler" if grad_scaler else "")
+        text = f"{dtype_label(recipe.param_dtype)} parameters with FP32 masters"
+    if recipe.autocast_dtype is not None:
+        text += f" + autocast {dtype_label(recipe.autocast_dtype)}"
+    return text + (" + GradScaler" if recipe.grad_scaler else "")
 
 
-def dtype_flow(param_dtype: torch.dtype = torch.float32, autocast_dtype: torch.dtype | None = None,
-               grad_scaler: bool = False) -> Figure:
-    """The dtype of each tensor in one training step of the recipe, as torch really ran it.
+def dtype_flow(d: StepDtypes) -> Figure:
+    """The dtype of each tensor in one training step of a recipe, as torch really ran it.
 
     Forward runs left to right along the top, backward and the optimizer right to left along
-    the bottom. Each box shows a tensor and the dtype `step_dtypes` recorded for it.
+    the bottom. Each box shows a tensor and the dtype `mpcourse.recipe_step.step_dtypes`
+    recorded for it.
     """
-    d = step_dtypes(param_dtype, autocast_dtype, grad_scaler)
     masters = d.optimizer_param != d.parameter
     fig, ax = plt.subplots(figsize=(12, 5.4))
     blank_axes(ax, 12, 5.4)
@@ -236,7 +153,7 @@ def dtype_flow(param_dtype: torch.dtype = torch.float32, autocast_dtype: torch.d
     ax.text(0.1, 5.3, "forward →", fontsize=10, fontweight="bold", color="#555555", va="top")
     ax.text(11.9, 0.05, "← backward", fontsize=10, fontweight="bold", color="#555555",
             ha="right", va="bottom")
-    ax.set_title(f"One training step: {recipe_title(param_dtype, autocast_dtype, grad_scaler)}",
+    ax.set_title(f"One training step: {recipe_title(d.recipe)}",
                  fontsize=12)
     fig.tight_layout()
     return fig
@@ -244,11 +161,14 @@ def dtype_flow(param_dtype: torch.dtype = torch.float32, autocast_dtype: torch.d
 
 # ---------------------------------------------------------------- 2. the master-weight loop
 
-def master_weight_loop(start: float = 1.0, update: float = 1e-3, steps: int = 100) -> Figure:
-    """Left: the loop between FP32 masters and BF16 working weights, with the dtypes of a real
-    BF16 step (`step_dtypes`). Right: `steps` updates of `update` to a weight `start`, kept in
-    BF16 alone and kept as an FP32 master (`mpcourse.update_walk.walk`)."""
-    d = step_dtypes(torch.bfloat16)
+def master_weight_loop(d: StepDtypes, walks: MasterWalk) -> Figure:
+    """Left: the loop between FP32 masters and 16-bit working weights, with the dtypes of a
+    real step whose parameters are 16-bit (`mpcourse.recipe_step.step_dtypes`). Right: a weight
+    under many small updates, kept alone in BF16 and kept as an FP32 master
+    (`mpcourse.update_walk.master_walk`)."""
+    if d.optimizer_param == d.parameter:
+        raise ValueError(f"the step has no masters: its parameters are {d.parameter}, and the "
+                         "optimizer updates them directly; record a step with 16-bit parameters")
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), width_ratios=(1.1, 1))
     blank_axes(left, 6.4, 4.6)
     (x0, x1), (y0, y1) = (1.35, 5.0), (0.75, 3.55)
@@ -260,19 +180,15 @@ def master_weight_loop(start: float = 1.0, update: float = 1e-3, steps: int = 10
     arrow(left, (x1, y1 - 0.45), (x1, y0 + 0.45), "forward and\nbackward", offset=(-0.75, 0))
     arrow(left, (x1 - 1.15, y0), (x0 + 1.15, y0), "copied up (exact)", offset=(0, 0.25))
     arrow(left, (x0, y0 + 0.45), (x0, y1 - 0.45), "optimizer\nstep", offset=(0.65, 0))
-    left.set_title("FP32 masters, BF16 working copies", fontsize=12)
+    left.set_title(f"FP32 masters, {dtype_label(d.parameter).upper()} working copies",
+                   fontsize=12)
 
-    below, above = neighbours(start, BF16)
-    gap = above - start
-    alone = walk(start, update, steps, "nearest")[:, 0]
-    working = walk(start, update, steps, "master")[:, 0]
-    master = [torch.tensor(start)]  # the FP32 master, summed one update at a time as walk does
-    for _ in range(steps):
-        master.append(master[-1] + torch.tensor(update))
+    start, update, steps, alone = walks.start, walks.update, walks.steps, walks.alone
+    gap = neighbours(start, BF16)[1] - start
     k = range(steps + 1)
-    right.plot(k, torch.stack(master), color=DTYPE_COLOURS["fp32"], linestyle="--", linewidth=2,
+    right.plot(k, walks.master, color=DTYPE_COLOURS["fp32"], linestyle="--", linewidth=2,
                label="FP32 master", gid="master_walk")
-    right.step(k, working, where="post", color=DTYPE_COLOURS["bf16"], linewidth=2,
+    right.step(k, walks.working, where="post", color=DTYPE_COLOURS["bf16"], linewidth=2,
                label="its BF16 working copy", gid="working_walk")
     right.plot(k, alone, color="black", linewidth=2, label="BF16 weight alone", gid="alone_walk")
     right.set_xlabel(f"updates of {update:g}")
@@ -290,32 +206,9 @@ def master_weight_loop(start: float = 1.0, update: float = 1e-3, steps: int = 10
 
 # ---------------------------------------------------------------- 3. the dynamic loss scaler
 
-def scale_trace(steps: int = 40, overflow_steps: tuple[int, ...] = (6, 25),
-                init_scale: float = 2.0**10, growth_interval: int = 5) -> list[float]:
-    """The scale `mpcourse.scaling.GradScaler` used in each of `steps` iterations of a tiny
-    SGD run whose gradient is made infinite at `overflow_steps` (counted from 0)."""
-    bad = [s for s in overflow_steps if not 0 <= s < steps]
-    if bad:
-        raise ValueError(f"overflow_steps must lie in [0, {steps}), got {bad}")
-    weight = torch.zeros(1, requires_grad=True)
-    optimizer = torch.optim.SGD([weight], lr=1e-3)
-    scaler = GradScaler(init_scale=init_scale, growth_interval=growth_interval)
-    scales = []
-    for step in range(steps):
-        optimizer.zero_grad()
-        scaler.scale((weight + 1.0).sum()).backward()
-        if step in overflow_steps:
-            weight.grad.fill_(float("inf"))
-        scales.append(scaler.get_scale())
-        scaler.step(optimizer)
-        scaler.update()
-    return scales
-
-
-def loss_scaler_states(steps: int = 40, overflow_steps: tuple[int, ...] = (6, 25),
-                       init_scale: float = 2.0**10, growth_interval: int = 5) -> Figure:
+def loss_scaler_states(trace: ScaleTrace) -> Figure:
     """Left: `GradScaler`'s rule, with torch's names and defaults. Right: the scale a real
-    `mpcourse.scaling.GradScaler` chose when gradients overflowed at `overflow_steps`."""
+    `mpcourse.scaling.GradScaler` chose in a run whose gradients overflowed on purpose."""
     default = GradScaler()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), width_ratios=(1.25, 1))
     blank_axes(left, 7.4, 4.8)
@@ -341,9 +234,9 @@ def loss_scaler_states(steps: int = 40, overflow_steps: tuple[int, ...] = (6, 25
           rad=0.45)
     left.set_title("The dynamic loss scaler, once per iteration", fontsize=12)
 
-    scales = scale_trace(steps, overflow_steps, init_scale, growth_interval)
-    right.step(range(steps), scales, where="post", color="black", linewidth=2, gid="scale_trace")
-    for i, s in enumerate(overflow_steps):
+    right.step(range(len(trace.scales)), trace.scales, where="post", color="black", linewidth=2,
+               gid="scale_trace")
+    for i, s in enumerate(trace.overflow_steps):
         right.axvspan(s - 0.5, s + 0.5, color=grey, alpha=0.35,
                       label="inf gradient: step skipped" if i == 0 else None)
     right.set_yscale("log", base=2)
@@ -351,6 +244,6 @@ def loss_scaler_states(steps: int = 40, overflow_steps: tuple[int, ...] = (6, 25
     right.set_ylabel("scale S")
     right.legend(frameon=False, fontsize=9, loc="lower right")
     right.grid(alpha=0.3)
-    right.set_title(f"A real GradScaler, growth_interval={growth_interval}", fontsize=12)
+    right.set_title(f"A real GradScaler, growth_interval={trace.growth_interval}", fontsize=12)
     fig.tight_layout()
     return fig
