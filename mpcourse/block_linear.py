@@ -232,7 +232,6 @@ class BlockScaledRunConfig(RunConfig):
         return model
 
 
-
 def linear_operands(config: RunConfig, layer: str) -> dict[str, torch.Tensor]:
     """Train `config` (its plain `RunConfig` switches) through `train.train` and return what
     the linear `layer` (e.g. "blocks.0.mlp.2") multiplied in the last training step: its input

@@ -147,20 +147,19 @@ def test_linear_operands_are_what_the_layer_multiplied_in_training():
         linear_operands(RunConfig(**sizes), "blocks.0.norm1")
 
 
-
 def test_a_staged_outlier_leaves_the_product_and_only_the_quantizers_see_it():
     torch.manual_seed(2)
     linear = nn.Linear(128, 16)
-    exact = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["mxfp8"])
     staged = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["per_tensor_fp4"], outlier_scale=100.0)
     x = torch.randn(64, 128)
-    # In FP32 the staged product is the plain one: (x * m) @ (W / m).T == x @ W.T.
-    m = torch.ones(128)
-    m[0] = 100.0
-    assert torch.allclose((x * m) @ (linear.weight / m).t(), x @ linear.weight.t(), atol=1e-5)
+    reference = linear(x).detach()
+    # The staging leaves the product, (x * m) @ (W / m).T == x @ W.T: with FP8 operands, whose
+    # range holds the outlier, the staged layer stays as close to the FP32 one as FP8 allows.
+    staged_e4m3 = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["per_tensor_e4m3"],
+                                                outlier_scale=100.0)
+    assert (staged_e4m3(x).detach() - reference).norm() < 0.05 * reference.norm()
     # The quantizer sees x with feature 0 at 100x, and per-tensor FP4 flushes the rest to zero.
     plain_fp4 = BlockScaledLinear.from_linear(linear, recipe=RECIPES_BY_NAME["per_tensor_fp4"])
-    reference = linear(x).detach()
     error_plain = (plain_fp4(x).detach() - reference).norm()
     error_staged = (staged(x).detach() - reference).norm()
     assert error_staged > 2 * error_plain
@@ -170,7 +169,7 @@ def test_a_staged_outlier_leaves_the_product_and_only_the_quantizers_see_it():
     x.requires_grad_(True)
     staged(x).sum().backward()
     assert linear.weight.grad is not None and torch.isfinite(linear.weight.grad).all()
-    assert exact.outlier_scale == 1.0
+    assert x.grad is not None and torch.isfinite(x.grad).all()
     config = BlockScaledRunConfig(recipe="nvfp4", outlier_scale=100.0, d_model=32, n_layers=2, n_heads=2)
     model = config.prepare_model(GPT(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)))
     staged_layers = [n for n, mod in model.named_modules() if getattr(mod, "outlier_scale", 1.0) == 100.0]

@@ -30,9 +30,7 @@ pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
-LINUX = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox and the grading processes are Linux-only")
-ROOT_ONLY = pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
-                               reason="a uid and a control group per sandbox need root (and Linux)")
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a uid and a control group per sandbox need root")
 
 PROBE = textwrap.dedent('''
     import ctypes, errno, os, threading, subprocess
@@ -79,7 +77,7 @@ def test_the_filter_is_classic_bpf_for_each_machine_and_names_an_unknown_one():
         seccomp.filter_program("sparc")
 
 
-@pytest.mark.skipif(sys.platform != "linux" or "x86_64" != os.uname().machine, reason="x86-64 syscall numbers")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 syscall numbers")
 def test_the_sandbox_refuses_what_escapes_its_limits_and_bounds_what_it_may_write():
     """The same calls succeed in this process: the sandbox's filter, not the kernel, refuses them."""
     os.close(os.memfd_create("outside"))
@@ -130,7 +128,6 @@ def test_a_sandbox_holding_every_thread_it_may_leaves_a_classmate_its_own():
     assert 100 < held < limits.processes, held
 
 
-@LINUX
 def test_a_reply_line_over_the_cap_stops_the_worker_and_forged_lines_are_not_parsed():
     deadline = time.monotonic() + 120
     flood = ("import os, stat\nfor fd in range(3, 12):\n    try:\n"
@@ -168,7 +165,6 @@ def test_tensor_sizes_are_checked_before_anything_is_allocated():
         codec.decode({"$": "tensor", "dtype": "float32", "shape": [2], "data": "A" * 1000})
 
 
-@LINUX
 def test_the_grader_stays_small_whatever_the_hostile_replies():
     """A 125 MiB reply line once cost the grader 1 GB, a 70-byte empty tensor 2.2 GB: the grading
     process's own peak (its sandboxes not counted) grows by less than 300 MiB over its baseline."""
@@ -204,7 +200,6 @@ def _fake_grade(folder: Path):
     return grade
 
 
-@LINUX
 def test_a_killed_grading_process_is_retried_once_and_costs_no_classmate_its_grade(tmp_path):
     paths = ["honest_a", "always_killed", "killed_once", "honest_b"]
     out = {index: (result, why) for index, result, why in
@@ -214,7 +209,6 @@ def test_a_killed_grading_process_is_retried_once_and_costs_no_classmate_its_gra
     assert (tmp_path / "always_killed.attempts").read_text() == "2"
 
 
-@LINUX
 def test_a_grading_process_past_its_time_is_stopped_and_says_so(monkeypatch):
     def grade(path):
         signal.signal(signal.SIGALRM, signal.SIG_IGN)  # a grading process stuck where no alarm reaches
@@ -226,7 +220,6 @@ def test_a_grading_process_past_its_time_is_stopped_and_says_so(monkeypatch):
     assert time.monotonic() - start < 60
 
 
-@LINUX
 def test_the_exit_status_says_which_submission_could_not_be_graded_and_why(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grader, "plan_exercises", lambda *args: {})
     monkeypatch.setattr(grader, "grade_submission", lambda path, *args: _fake_grade(tmp_path)(path))
@@ -251,7 +244,6 @@ def _stub_solutions(folder: Path):
     nbformat.write(nb, folder / "ex00_bytes.ipynb")
 
 
-@LINUX
 def test_paths_the_grader_trusts(tmp_path):
     """From a submissions folder holding a learner's `solutions`: the course's own solutions are
     used; a link into the solutions folder is refused; a folder named `-h` is a path after `--`;

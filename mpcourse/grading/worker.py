@@ -257,8 +257,9 @@ class _CastWatcher(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor) and str(leaf.dtype).removeprefix("torch.") in self.watch:
-                self.seen.add(f"{func} made a {str(leaf.dtype).removeprefix('torch.')} tensor")
+            dtype = str(leaf.dtype).removeprefix("torch.") if isinstance(leaf, torch.Tensor) else None
+            if dtype in self.watch:
+                self.seen.add(f"{func} made a {dtype} tensor")
         return out
 
 

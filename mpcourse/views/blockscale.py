@@ -24,14 +24,15 @@ def plot_amax_landings(grids: dict[str, list[float]], landings: dict[str, dict[s
     for ax, (name, values) in zip(axes, grids.items()):
         positive = [v for v in values if v > 0]
         top = element_max[name]
+        right = 2 * 2 ** int(top).bit_length()  # past the largest value, by a power of two
         ax.vlines(positive, 0, 1, color=OTHER_COLOUR, lw=0.8)
-        ax.axvspan(top, 2 * 2 ** int(top).bit_length(), color="#D55E00", alpha=0.12)
+        ax.axvspan(top, right, color="#D55E00", alpha=0.12)
         ax.text(top / 1.04, 1.25, f"clips to {top:g} ->", color="#D55E00", fontsize=8, ha="right")
         for i, (rule, where) in enumerate(landings[name].items()):
             ax.plot([where], [0.5], marker="v^o"[i % 3], ms=10, color=RULE_COLOURS.get(rule, "k"),
                     ls="", label=f"{rule}: {where:.4g}")
         ax.set_xscale("log", base=2)
-        ax.set_xlim(min(positive) / 1.5, 2 * 2 ** int(top).bit_length())
+        ax.set_xlim(min(positive) / 1.5, right)
         ax.set_ylim(0, 1.6)
         ax.set_yticks([])
         ax.set_title(f"{name}: where the block's amax / X lands", fontsize=10, loc="left")
