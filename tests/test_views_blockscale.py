@@ -10,7 +10,7 @@ from mpcourse.views.blockscale import plot_amax_landings, plot_error_against_k, 
 
 def test_amax_landings_mark_each_rule_where_it_lands():
     fig = plot_amax_landings({"fp4_e2m1": [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]},
-                             {"fp4_e2m1": {"floor (OCP MX)": 7.0, "round-up (RCEIL)": 3.5}}, {"fp4_e2m1": 6.0})
+                             {"fp4_e2m1": {"floor (OCP MX)": 7.0, "round-up (RCEIL)": 3.5}})
     ax = fig.axes[0]
     marks = {line.get_label().split(":")[0]: line.get_xdata()[0] for line in ax.lines}
     assert marks == {"floor (OCP MX)": 7.0, "round-up (RCEIL)": 3.5}
@@ -33,4 +33,7 @@ def test_error_against_k_plots_each_curve_in_percent():
     drawn = {line.get_label(): list(line.get_ydata()) for line in ax.lines}
     assert drawn["truncation"] == pytest.approx([0.1, 2.0]) and drawn["nearest"] == pytest.approx([0.01, 0.06])
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    grows_like_k, grows_like_sqrt_k = drawn["grows like K"], drawn["grows like sqrt(K)"]
+    assert grows_like_k[-1] / grows_like_k[0] == pytest.approx(4096 / 128)
+    assert grows_like_sqrt_k[-1] / grows_like_sqrt_k[0] == pytest.approx((4096 / 128) ** 0.5)
     plt.close(fig)

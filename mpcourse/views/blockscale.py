@@ -15,15 +15,15 @@ RULE_COLOURS = {"floor (OCP MX)": "#D55E00", "round-up (RCEIL)": "#0072B2",
                 "E4M3 scale (NVFP4)": "#009E73"}
 
 
-def plot_amax_landings(grids: dict[str, list[float]], landings: dict[str, dict[str, float]],
-                       element_max: dict[str, float]) -> Figure:
+def plot_amax_landings(grids: dict[str, list[float]], landings: dict[str, dict[str, float]]) -> Figure:
     """One number line per element format (log scale): its positive values as ticks, the
-    clipping zone above element.max shaded, and where amax / X lands under each rule."""
-    fig, axes = plt.subplots(len(grids), 1, figsize=(10, 1.9 * len(grids)))
-    axes = [axes] if len(grids) == 1 else list(axes)
+    clipping zone above element.max (the grid's largest value) shaded, and where amax / X
+    lands under each rule."""
+    fig, axes = plt.subplots(len(grids), 1, figsize=(10, 1.9 * len(grids)), squeeze=False)
+    axes = axes[:, 0]
     for ax, (name, values) in zip(axes, grids.items()):
         positive = [v for v in values if v > 0]
-        top = element_max[name]
+        top = max(values)
         right = 2 * 2 ** int(top).bit_length()  # past the largest value, by a power of two
         ax.vlines(positive, 0, 1, color=OTHER_COLOUR, lw=0.8)
         ax.axvspan(top, right, color="#D55E00", alpha=0.12)
