@@ -38,7 +38,7 @@ def write_yourself(targets):
     for target in targets:
         learner_only = type(target) is str and target.endswith(FOR_THE_LEARNER)
         name = target.removesuffix(FOR_THE_LEARNER) if learner_only else target
-        for function in _functions(_resolve(name)):
+        for function in _functions(_resolve(target)):
             message = MESSAGE.format(name=name.replace(":", "."))
             (_swap_for_the_learner if learner_only else _swap)(function, message)
         done.append(target)
@@ -46,6 +46,8 @@ def write_yourself(targets):
 
 
 def _resolve(target):
+    if type(target) is str:
+        target = target.removesuffix(FOR_THE_LEARNER)
     if type(target) is not str or target.count(":") != 1:
         raise ValueError(f"a target is 'module:qualified.name', got {target!r}")
     module_name, qualname = target.split(":")
