@@ -23,18 +23,15 @@ import torch
 
 
 class Stage(enum.Enum):
-    """Where one optimizer is in the current iteration (torch's `OptState`)."""
-    READY = "ready"          # nothing done yet since the last update()
-    UNSCALED = "unscaled"    # its gradients were divided by the scale
-    STEPPED = "stepped"      # step() ran (or skipped the step); only update() may follow
+    """Where one optimizer is in this iteration, as torch's `OptState`: after STEPPED only update()."""
+    READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
 
 
 @dataclass
 class OptimizerState:
-    """What the scaler knows of one optimizer this iteration: its stage, and whether any of its
-    gradients held an inf or a NaN (None until they were checked, or when it has none)."""
+    """One optimizer this iteration: its stage, and whether a gradient held inf or NaN."""
     stage: Stage = Stage.READY
-    found_inf: bool | None = None
+    found_inf: bool | None = None  # None until checked, and for an optimizer with no gradient
 
 
 def to_fp32(x: float) -> float:
