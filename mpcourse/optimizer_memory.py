@@ -151,7 +151,8 @@ LADDER = (
     Rung("e4m3", "BF16 + SR + E4M3 moments", "torchao AdamWFp8", "stochastic", "e4m3"),
     Rung("dynamic", "BF16 + SR + dynamic-code moments", "bitsandbytes / torchao AdamW8bit",
          "stochastic", "dynamic"),
-    Rung("e5m2", "BF16 + SR + E4M3 m, E5M2 v", "section 5's remedy", "stochastic", "e4m3+e5m2"),
+    Rung("e5m2", "BF16 + SR + E4M3 m, E5M2 v",
+         "Fishman et al. 2024, section 5 (no library's default)", "stochastic", "e4m3+e5m2"),
 )
 NO_CURE = Rung("nearest", "BF16 rounded to nearest (no cure)", "lesson 09, case 10", "nearest",
                "bf16")
