@@ -112,9 +112,10 @@ outputs: $(STAMP)
 browser: $(DEV_STAMP)
 	$(PY) -m pytest -rs tests/browser/
 
-# Installs as a learner would (tests/hosted): lessons 00 and 06 and exercise 01 alone in a bare
-# Python (torch, Jupyter's kernel, nbval) whose first cell installs the freshly built wheel, as it
-# installs the package in Colab or Kaggle; then every module imports from it, and it brought no
+# Installs as a learner would in Colab and Kaggle (tests/hosted): lessons 00 and 06 and exercise 01
+# run by a bare Python (torch, Jupyter's kernel, Colab's ipywidgets 7 and ml_dtypes) in each
+# platform's working folder, without the notebook's file there; the first cell installs the freshly
+# built wheel and says how to get a GPU; then every module imports from it, and it brought no
 # JupyterLab or test tools.
 hosted: $(DEV_STAMP)
 	$(PY) -m pytest -rs tests/hosted/install_checks.py
