@@ -47,12 +47,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each command (default: %(default)s)")
     runs = parser.parse_args().runs
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {runs} runs each, in a new Python")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {runs} runs each, "
+          "in a new Python")
     print(f"{'command':<26} {'median s':>9} {'slowest s':>10} {'CPU s':>7}  torch loaded")
     for label, command in COMMANDS.items():
         times, cpus, loaded = zip(*(timed(command) for _ in range(runs)))
-        print(f"{label:<26} {statistics.median(times):>9.3f} {max(times):>10.3f} {statistics.median(cpus):>7.3f}"
-              f"  {any(loaded)}")
+        print(f"{label:<26} {statistics.median(times):>9.3f} {max(times):>10.3f} "
+              f"{statistics.median(cpus):>7.3f}  {any(loaded)}")
         if label == "mpcourse --help":
             verdict = "within" if statistics.median(times) < GOAL_S else "over"
             print(f"  {verdict} the {GOAL_S:g} s goal")

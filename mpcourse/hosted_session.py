@@ -33,12 +33,13 @@ class Platform:
 
 
 COLAB = Platform("Colab", "Runtime -> Change runtime type -> T4 GPU", "Runtime -> Restart session")
-KAGGLE = Platform("Kaggle", "Settings -> Accelerator -> GPU T4 x2 (not the P100), with Settings -> Internet on",
+KAGGLE = Platform("Kaggle",
+                  "Settings -> Accelerator -> GPU T4 x2 (not the P100), with Settings -> Internet on",
                   "Run -> Restart & clear cell outputs")
 #: pip's resolver error: "tensorflow 2.18.0 requires ml-dtypes<0.5.0,>=0.4.0, but you have ml-dtypes
 #: 0.7.0 which is incompatible."
-CONFLICT = re.compile(r"^(\S+) (\S+) requires ([A-Za-z0-9._-]+)(.*?), but you have \S+ (\S+) which is incompatible",
-                      re.MULTILINE)
+CONFLICT = re.compile(r"^(\S+) (\S+) requires ([A-Za-z0-9._-]+)(.*?), "
+                      r"but you have \S+ (\S+) which is incompatible", re.MULTILINE)
 
 
 def hosted_platform(environ=None) -> Platform | None:
@@ -57,16 +58,17 @@ def hosted_platform(environ=None) -> Platform | None:
 def gpu_advice(platform: Platform, cuda) -> str | None:
     """One line when the session has no GPU that `cuda` (torch.cuda) can use, else None."""
     if not cuda.is_available():
-        return (f"No GPU in this {platform.name} session: for the GPU comparisons choose {platform.gpu_steps}, "
-                "then run the notebook from the top; without one every lesson still runs, on the CPU.")
+        return (f"No GPU in this {platform.name} session: for the GPU comparisons choose "
+                f"{platform.gpu_steps}, then run the notebook from the top; without one every lesson "
+                "still runs, on the CPU.")
     major, minor = cuda.get_device_capability()
     built = cuda.get_arch_list()
     runs = f"sm_{major}{minor}" in built or any(
         a.startswith("compute_") and int(a.removeprefix("compute_")) <= major * 10 + minor for a in built)
     if built and not runs:
-        return (f"This {platform.name} GPU, {cuda.get_device_name()} (sm_{major}{minor}), is not one this torch "
-                f"was built for ({', '.join(built)}): choose {platform.gpu_steps}, then run the notebook "
-                "from the top; until then the lessons run on the CPU.")
+        return (f"This {platform.name} GPU, {cuda.get_device_name()} (sm_{major}{minor}), is not one this "
+                f"torch was built for ({', '.join(built)}): choose {platform.gpu_steps}, then run the "
+                "notebook from the top; until then the lessons run on the CPU.")
     return None
 
 
@@ -87,8 +89,9 @@ def report_install(source: str, before: dict[str, str], pip_stderr: str, seconds
     stale = upgraded_while_loaded(before)
     if stale:
         platform = hosted_platform() or Platform("Jupyter", "", "Kernel -> Restart Kernel")
-        print(f"Restart needed: this session had loaded {', '.join(stale)} before the install upgraded it; "
-              f"click {platform.restart_steps}, then run the notebook from the top (this cell then does nothing).")
+        print(f"Restart needed: this session had loaded {', '.join(stale)} before the install upgraded "
+              f"it; click {platform.restart_steps}, then run the notebook from the top (this cell then "
+              "does nothing).")
     conflicts = resolver_conflicts(pip_stderr)
     if conflicts:
         print(f"pip warned that {'; '.join(conflicts)}: the course imports none of them, so its lessons are "

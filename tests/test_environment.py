@@ -77,7 +77,8 @@ def test_the_lab_lock_is_the_locks_part_for_the_runtime_and_jupyterlab():
     lab_text = lock.LAB_LOCK.read_text()
     assert lab_text == lock.lab_lock(LOCK_TEXT, project), "requirements-lab.txt drifted: run make lock"
     lab = {name for name, _, _ in lock.pins(lab_text)}
-    wanted = {lock.normalize(Requirement(r).name) for r in project["dependencies"] + project["optional-dependencies"]["lab"]}
+    wanted = {lock.normalize(Requirement(r).name)
+              for r in project["dependencies"] + project["optional-dependencies"]["lab"]}
     assert wanted - {"torch"} <= lab, sorted(wanted - {"torch"} - lab)
     assert not lab & NOT_FOR_THE_LAB, sorted(lab & NOT_FOR_THE_LAB)
     assert set(lock.pins(lab_text)) <= set(lock.pins(LOCK_TEXT))

@@ -133,7 +133,8 @@ def test_every_notebook_stores_the_kernel_as_the_installed_ipykernel_writes_it()
     from ipykernel.ipkernel import IPythonKernel
     from ipykernel.kernelspec import KERNEL_NAME, get_kernel_dict
     spec = get_kernel_dict()
-    assert KERNELSPEC == {"display_name": spec["display_name"], "language": spec["language"], "name": KERNEL_NAME}
+    assert KERNELSPEC == {"display_name": spec["display_name"], "language": spec["language"],
+                          "name": KERNEL_NAME}
     language = {k: v for k, v in IPythonKernel.language_info.items() if k != "version"}
     changed = []
     for path in course_notebooks(ROOT):
@@ -155,8 +156,9 @@ def _cuda(available=True, capability=(7, 5), arch=("sm_75", "sm_80", "sm_90"), n
                            get_arch_list=lambda: list(arch), get_device_name=lambda: name)
 
 
-@pytest.mark.parametrize("environ, platform", [({"COLAB_RELEASE_TAG": "release-colab_1"}, hosted_session.COLAB),
-                                               ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, hosted_session.KAGGLE)])
+@pytest.mark.parametrize("environ, platform",
+                         [({"COLAB_RELEASE_TAG": "release-colab_1"}, hosted_session.COLAB),
+                          ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, hosted_session.KAGGLE)])
 def test_the_hosted_platform_is_found_by_its_environment(environ, platform):
     assert hosted_session.hosted_platform(environ) is platform
 
@@ -165,26 +167,30 @@ def test_without_a_gpu_the_advice_says_how_to_switch_and_that_lessons_run_on_the
     colab = hosted_session.gpu_advice(hosted_session.COLAB, _cuda(available=False))
     kaggle = hosted_session.gpu_advice(hosted_session.KAGGLE, _cuda(available=False))
     assert "\n" not in colab and "Runtime -> Change runtime type -> T4 GPU" in colab and "on the CPU" in colab
-    assert "Settings -> Accelerator -> GPU T4 x2" in kaggle and "Internet on" in kaggle and "on the CPU" in kaggle
+    assert "Settings -> Accelerator -> GPU T4 x2" in kaggle and "Internet on" in kaggle
+    assert "on the CPU" in kaggle
     assert hosted_session.gpu_advice(hosted_session.COLAB, _cuda()) is None
 
 
 def test_a_gpu_this_torch_was_not_built_for_is_named_with_the_switch():
     """Kaggle's P100 (sm_60) under a torch built for sm_75 and newer; a compute_ (PTX) entry at or
     below the GPU's capability would let it run."""
-    line = hosted_session.gpu_advice(hosted_session.KAGGLE, _cuda(capability=(6, 0), name="Tesla P100-PCIE-16GB"))
+    p100 = _cuda(capability=(6, 0), name="Tesla P100-PCIE-16GB")
+    line = hosted_session.gpu_advice(hosted_session.KAGGLE, p100)
     assert "Tesla P100-PCIE-16GB (sm_60)" in line and "sm_75, sm_80, sm_90" in line and "GPU T4 x2" in line
-    assert hosted_session.gpu_advice(hosted_session.KAGGLE, _cuda(capability=(6, 0), arch=("compute_60",))) is None
+    ptx = _cuda(capability=(6, 0), arch=("compute_60",))
+    assert hosted_session.gpu_advice(hosted_session.KAGGLE, ptx) is None
 
 
 def test_pips_resolver_errors_are_summed_up_in_one_line():
-    stderr = ("ERROR: pip's dependency resolver does not currently take into account all the packages that are "
-              "installed. This behaviour is the source of the following dependency conflicts.\n"
+    stderr = ("ERROR: pip's dependency resolver does not currently take into account all the packages "
+              "that are installed. This behaviour is the source of the following dependency conflicts.\n"
               "tensorflow 2.18.0 requires ml-dtypes<0.5.0,>=0.4.0, but you have ml-dtypes 0.7.0 which is "
               "incompatible.\n"
               "jax 0.4.33 requires ml-dtypes>=0.2.0, but you have ml-dtypes 0.7.0 which is incompatible.\n")
     assert hosted_session.resolver_conflicts(stderr) == [
-        "tensorflow 2.18.0 wants ml-dtypes<0.5.0,>=0.4.0 (now 0.7.0)", "jax 0.4.33 wants ml-dtypes>=0.2.0 (now 0.7.0)"]
+        "tensorflow 2.18.0 wants ml-dtypes<0.5.0,>=0.4.0 (now 0.7.0)",
+        "jax 0.4.33 wants ml-dtypes>=0.2.0 (now 0.7.0)"]
 
 
 def test_a_package_upgraded_after_this_process_loaded_it_asks_for_a_restart(monkeypatch):
@@ -193,7 +199,8 @@ def test_a_package_upgraded_after_this_process_loaded_it_asks_for_a_restart(monk
                  SimpleNamespace(metadata={"Name": "notloaded"}, version="2.0")]
     monkeypatch.setattr(importlib.metadata, "distributions", lambda: installed)
     monkeypatch.setattr(importlib.metadata, "packages_distributions",
-                        lambda: {"ipywidgets": ["ipywidgets"], "notloaded": ["notloaded"], "absent": ["absent"]})
+                        lambda: {"ipywidgets": ["ipywidgets"], "notloaded": ["notloaded"],
+                                 "absent": ["absent"]})
     monkeypatch.setitem(sys.modules, "ipywidgets", SimpleNamespace())
     before = {"ipywidgets": "7.7.1", "notloaded": "1.0"}
     assert hosted_session.upgraded_while_loaded(before) == ["ipywidgets 7.7.1 -> 8.1.9"]

@@ -102,8 +102,8 @@ def test_import_mpcourse_leaves_torch_unloaded_until_a_name_needs_it():
     assert _loads_torch("import sys\nfrom mpcourse import RunConfig, hardware\nassert hardware.__name__")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["hosted", "--help"], ["grade", "--help"]],
-                         ids=" ".join)
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["hosted", "--help"],
+                                  ["grade", "--help"]], ids=" ".join)
 def test_the_cli_help_leaves_torch_unloaded(argv):
     code = (f"import sys\nfrom mpcourse.cli import main\ntry:\n    main({argv!r})\n"
             "except SystemExit as done:\n    assert done.code == 0, done.code")

@@ -101,7 +101,8 @@ def blocks(lock_text: str) -> list[tuple[str, str, set[str]]]:
 def lab_lock(lock_text: str, project: dict) -> str:
     """The part of a lock that the runtime dependencies and LAB_EXTRAS need (requirements-lab.txt):
     every package they name, and every package that one of those requires, transitively."""
-    roots = project["dependencies"] + [r for extra in LAB_EXTRAS for r in project["optional-dependencies"][extra]]
+    extras = project["optional-dependencies"]
+    roots = project["dependencies"] + [r for extra in LAB_EXTRAS for r in extras[extra]]
     needed = {normalize(re.match(r"[A-Za-z0-9._-]+", r)[0]) for r in roots}
     found = blocks(lock_text)
     while True:
