@@ -27,7 +27,8 @@ HOSTILE_FLOAT = ("class Anything(float):\n    def __eq__(self, other):\n        
 RIGHT_BIAS = "PREDICTION_BIAS_IN_GAPS = -1 / 512"
 SUBMISSIONS = {
     "right": ("PREDICTION_SPREAD_IN_GAPS = 7", RIGHT_BIAS),
-    "sqrt_g_d": ("PREDICTION_SPREAD_IN_GAPS = (2**-7 * 448 * 2**-10) ** 0.5 / 2**-7", RIGHT_BIAS),  # 7.48: within 10%
+    # 7.48: within 10%
+    "sqrt_g_d": ("PREDICTION_SPREAD_IN_GAPS = (2**-7 * 448 * 2**-10) ** 0.5 / 2**-7", RIGHT_BIAS),
     # the variance, not its root; and the 8 bits read as the low 8 of the 16: every draw rounds down
     "wrong": ("PREDICTION_SPREAD_IN_GAPS = 448 / 8", "PREDICTION_BIAS_IN_GAPS = -3 / 512"),
     "unbiased": ("PREDICTION_SPREAD_IN_GAPS = 7", "PREDICTION_BIAS_IN_GAPS = 0"),
@@ -70,7 +71,8 @@ def test_the_solutions_8_bit_answer_is_the_true_bias():
 def _submission(folder: Path, name: str, answers: tuple[str, str]) -> Path:
     nb = nbformat.read(ROOT / "exercises" / f"{EX11}.ipynb", as_version=4)
     for variable, answer in zip(("PREDICTION_SPREAD_IN_GAPS", "PREDICTION_BIAS_IN_GAPS"), answers):
-        cells = [c for c in nb.cells if c.cell_type == "code" and STUB[1] in c.source and variable in c.source]
+        cells = [c for c in nb.cells
+                 if c.cell_type == "code" and STUB[1] in c.source and variable in c.source]
         assert len(cells) == 1, f"the released exercise has one stubbed cell for {variable}"
         cells[0].source = answer
     path = folder / f"{EX11}_{name}.ipynb"
@@ -104,7 +106,8 @@ def test_a_wrong_prediction_fails_with_a_hint_and_without_the_answer(graded):
     assert "you predicted 56.0 gaps" in spread["reason"] and "standard deviation" in spread["reason"]
     bias = graded["wrong"]["predict_bias_8_bits"]
     assert not bias["passed"]
-    assert "you predicted a bias of -0.005859375 gaps" in bias["reason"] and "which values of r" in bias["reason"]
+    assert "you predicted a bias of -0.005859375 gaps" in bias["reason"]
+    assert "which values of r" in bias["reason"]
     # what is printed is the learner's own number and a question, never the answer
     # (tests/test_exercise_predictions.py checks every prediction test of ex10 and ex11 for that)
 

@@ -62,26 +62,28 @@ EX10_ACTIVATIONS = "PREDICTION_SNR_GAP_DB"
 EX10_RIGHT = {EX10_FP4: ("PREDICTION_X_FLOOR = 2.0\nPREDICTION_X_ROUND_UP = 4\n"
                          "PREDICTION_BACK_FLOOR = [12, 1.0]\nPREDICTION_BACK_ROUND_UP = [12.0, 0]"),
               EX10_ACTIVATIONS: ("PREDICTION_CLIPPED_PERCENT = 13\nPREDICTION_LOWER_SNR_RULE = 'floor'\n"
-                                 "PREDICTION_SNR_GAP_DB = 5.5")}     # near enough: within 1.5 points and 1.5 dB
+                                 "PREDICTION_SNR_GAP_DB = 5.5")}  # near enough: within 1.5 points and 1.5 dB
 # every number far from the truth, and the rule the other way round
 EX10_WRONG = {EX10_FP4: ("PREDICTION_X_FLOOR = 99.0\nPREDICTION_X_ROUND_UP = 99.0\n"
                          "PREDICTION_BACK_FLOOR = [99.0, 99.0]\nPREDICTION_BACK_ROUND_UP = [99.0, 99.0]"),
               EX10_ACTIVATIONS: ("PREDICTION_CLIPPED_PERCENT = 99.0\nPREDICTION_LOWER_SNR_RULE = 'round-up'\n"
                                  "PREDICTION_SNR_GAP_DB = 99.0")}
 # lesson 10's own numbers (its GPT's activations), which these activations do not repeat
-EX10_LESSONS_NUMBERS = {EX10_ACTIVATIONS: ("PREDICTION_CLIPPED_PERCENT = 0.79\nPREDICTION_LOWER_SNR_RULE = 'floor'\n"
-                                           "PREDICTION_SNR_GAP_DB = 1.2")}
+EX10_LESSONS_NUMBERS = {EX10_ACTIVATIONS: "PREDICTION_CLIPPED_PERCENT = 0.79\n"
+                                          "PREDICTION_LOWER_SNR_RULE = 'floor'\nPREDICTION_SNR_GAP_DB = 1.2"}
 EX10_HOSTILE = {
     EX10_FP4: ("class Anything(list):\n    def __eq__(self, other):\n        return True\n"
                "class Sly(float):\n    def __eq__(self, other):\n        return True\n"
                "    __hash__ = float.__hash__\n"
                "PREDICTION_X_FLOOR = Sly(99.0)\nPREDICTION_X_ROUND_UP = torch.tensor(4.0)\n"
-               "PREDICTION_BACK_FLOOR = Anything([99.0, 99.0])\nPREDICTION_BACK_ROUND_UP = Anything([99.0, 99.0])"),
+               "PREDICTION_BACK_FLOOR = Anything([99.0, 99.0])\n"
+               "PREDICTION_BACK_ROUND_UP = Anything([99.0, 99.0])"),
     EX10_ACTIVATIONS: ("class Near(float):\n    def __sub__(self, other):\n        return 0.0\n"
                        "    def __rsub__(self, other):\n        return 0.0\n"
                        "class Same(str):\n    def __eq__(self, other):\n        return True\n"
                        "    __hash__ = str.__hash__\n"
-                       "PREDICTION_CLIPPED_PERCENT = Near(99.0)\nPREDICTION_LOWER_SNR_RULE = Same('round-up')\n"
+                       "PREDICTION_CLIPPED_PERCENT = Near(99.0)\n"
+                       "PREDICTION_LOWER_SNR_RULE = Same('round-up')\n"
                        "PREDICTION_SNR_GAP_DB = Near(99.0)")}
 EX10_PREDICTIONS = ("predict_fp4_scales", "predict_fp4_values", "predict_clipped_share", "predict_snr_gap")
 EX11_WRONG = {"PREDICTION_SPREAD_IN_GAPS": "PREDICTION_SPREAD_IN_GAPS = 99.0",
@@ -231,7 +233,8 @@ def test_ex10_wrong_or_hostile_predictions_fail(graded):
 def test_ex10_lesson_10s_numbers_do_not_answer_the_new_activations(graded):
     tests = graded[f"{EX10}_lessons_numbers"]
     assert not tests["predict_clipped_share"]["passed"] and not tests["predict_snr_gap"]["passed"], tests
-    assert "you predicted that the floor rule clips 0.79% of the values" in tests["predict_clipped_share"]["reason"]
+    clipped = tests["predict_clipped_share"]["reason"]
+    assert "you predicted that the floor rule clips 0.79% of the values" in clipped
     assert "you predicted a gap of 1.2 dB" in tests["predict_snr_gap"]["reason"]
 
 
@@ -244,8 +247,10 @@ def _ex10_answers() -> dict:
     activations = torch.rand(256, 256, generator=torch.Generator().manual_seed(10)) * 2 - 1
     gap = snr_db(activations, MXFP8_E4M3_RCEIL) - snr_db(activations, MXFP8_E4M3)
     clipping, rounding = (1 / 8) * 0.125**2 / 3, (1 / 3) / 10 ** 3.2
-    return {"predict_fp4_scales": [blockscale.mx_scale(amax, FP4_E2M1, rule).item() for rule in ("mx_floor", "mx_rceil")],
-            "predict_fp4_values": fake_quantize(fp4, MXFP4)[0, :2].tolist() + fake_quantize(fp4, MXFP4_RCEIL)[0, :2].tolist(),
+    scales = [blockscale.mx_scale(amax, FP4_E2M1, rule).item() for rule in ("mx_floor", "mx_rceil")]
+    values = [v for recipe in (MXFP4, MXFP4_RCEIL) for v in fake_quantize(fp4, recipe)[0, :2].tolist()]
+    return {"predict_fp4_scales": scales,
+            "predict_fp4_values": values,
             "predict_clipped_share": [100 * clipped_share(activations, MXFP8_E4M3), 12.5],
             "predict_snr_gap": [gap, 10 * math.log10((clipping + rounding) / rounding), "floor"]}
 
@@ -264,7 +269,8 @@ def _renderings(answer) -> set[str]:
         return {answer}
     forms = set()
     for value in {answer, abs(answer)}:
-        forms |= {repr(float(value)), f"{value:.3g}", f"{value:.4g}", f"{value:.2f}", f"{value:.3f}", f"{value:.4f}"}
+        forms |= {repr(float(value)), f"{value:.3g}", f"{value:.4g}"}
+        forms |= {f"{value:.{decimals}f}" for decimals in (2, 3, 4)}
         if abs(value) >= 0.1:
             forms.add(f"{value:.1f}")
     if answer == -1 / 512:
