@@ -1,6 +1,7 @@
 """Block scaling (per tensor, per row, tiles, blocks, MX, NVFP4) against the specs' rules and
 torch's and ml_dtypes' casts."""
 import math
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -48,12 +49,10 @@ def test_mx_scale_is_the_spec_rule_and_an_exact_e8m0_value(recipe):
     assert torch.equal(got[finite].to(torch.float8_e8m0fnu).float(), got[finite])   # exact in E8M0
 
 
-@pytest.mark.parametrize("recipe", MX, ids=lambda r: r.name)
 def _exact_mx_scale(amax: float, element, rule: str) -> float:
     """The rule in exact rational arithmetic (an independent reference): floor gives
     2**(floor(log2 amax) - emax); round-up the smallest power of two >= amax / element.max;
     both clamped to E8M0's 2**-127 .. 2**127; zero amax gives 2**-127."""
-    from fractions import Fraction
     if amax == 0:
         return 2.0**-127
     target = Fraction(amax) if rule == "mx_floor" else Fraction(amax) / Fraction(element.max)
@@ -83,6 +82,7 @@ def test_mx_scale_at_float32_subnormal_and_tiny_amaxes_matches_exact_arithmetic(
     assert (got[: subnormal.numel()] == 2.0**-127).all()
 
 
+@pytest.mark.parametrize("recipe", MX, ids=lambda r: r.name)
 def test_mx_elements_are_the_saturating_cast_of_x_over_the_block_scale(recipe):
     x = activations(8, 128)
     q = quantize(x, recipe)
