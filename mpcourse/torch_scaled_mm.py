@@ -139,7 +139,8 @@ GPU_SUPPORT = {
     "RowWise": (lambda cc: cc >= (9, 0) or cc == (8, 9),
                 "torch._scaled_mm needs compute capability 8.9, or 9.0 and newer"),
     "BlockWise1x128": (lambda cc: cc[0] == 9,
-                       "DeepSeek style (1x128, 128x128) scaling only supported in CUDA for SM90"),
+                       "DeepSeek style (1x128, 128x128) scaling only supported in CUDA for SM90"
+                       " (and with cuBLASLt 12.9 or newer)"),
     "BlockWise1x32": (lambda cc: cc[0] >= 10,
                       "MX block scaling needs cuBLAS's block-scaled GEMMs, sm_100 (Blackwell) and newer"),
     "BlockWise1x16": (lambda cc: cc[0] >= 10,
