@@ -18,6 +18,11 @@ The products are summed in FP32. Emulated: the values are exactly what the low-p
 would multiply, the speed is not. `BlockScaledRunConfig` trains it through `train.train`, like
 every variant, keeping in higher precision what the recipes keep there: embeddings, the output
 head, norms, attention's softmax and the loss, and optionally whole blocks (`keep_blocks`).
+
+`OutlierRunConfig(outlier_gain=g)` gives any run, FP32 and BF16 included, an outlier feature as
+large models have them: a fixed gain g on one input feature of each block's second MLP linear,
+as a norm's learned gain makes one feature large. The weights are left alone, so the model
+itself changes, and every recipe is compared with an FP32 run of the same model.
 """
 from __future__ import annotations
 
@@ -34,8 +39,10 @@ from mpcourse.blockscale import (BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP8_E4M3, 
 from mpcourse.models import replace_linears, sharing_parameters
 from mpcourse.train import RunConfig
 
-#: The layer `BlockScaledRunConfig.outlier_scale` stages its outlier feature in.
+#: The layer whose input `OutlierRunConfig.outlier_gain` makes an outlier feature in.
 OUTLIER_LAYER = "mlp.2"
+#: The input feature that the gain multiplies.
+OUTLIER_FEATURE = 0
 #: The size of NVFP4's random Hadamard transform (TE's and NVIDIA's paper's choice).
 HADAMARD_SIZE = 16
 
@@ -94,19 +101,14 @@ def hadamard_along_columns(x: torch.Tensor, transform: torch.Tensor) -> torch.Te
 
 class BlockScaledLinear(nn.Linear):
     """An `nn.Linear` whose three matmuls see block-scaled operands, by `recipe`. `generator`
-    draws the stochastic rounding and the Hadamard signs, so that a run can be replayed.
-
-    `outlier_scale` s stages an outlier feature, as large models grow them (LLM.int8): the
-    matmul multiplies x with input feature 0 times s by W with column 0 divided by s. In exact
-    arithmetic that is x @ W.T unchanged (SmoothQuant's equivalence, used in reverse), so the
-    model and its FP32 training are the same; only the quantizers see the outlier."""
+    draws the stochastic rounding and the Hadamard signs, so that a run can be replayed."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"], outlier_scale: float = 1.0,
                  generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = recipe
-        self.outlier_scale = outlier_scale
+        self.outlier_scale = outlier_scale   # the old staging (x * s, W / s); prefer outlier_gain
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     @classmethod
@@ -116,9 +118,9 @@ class BlockScaledLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat, weight = x.reshape(-1, self.in_features), self.weight
-        if self.outlier_scale != 1.0:
+        if self.outlier_scale != 1.0:   # staged: FP4 weight quantizers then flush column 0 (issue 36, N4)
             staged = torch.ones(self.in_features, dtype=flat.dtype, device=flat.device)
-            staged[0] = self.outlier_scale
+            staged[OUTLIER_FEATURE] = self.outlier_scale
             flat, weight = flat * staged, weight / staged
         y = _BlockScaledMatmul.apply(flat, weight, self.recipe, self.generator)
         if self.bias is not None:
@@ -181,22 +183,65 @@ def convert_to_block_scaled(model: nn.Module, recipe: LinearRecipe, *, skip: tup
         generator=torch.Generator().manual_seed(seed * 1000 + next(count))), skip)
 
 
+def add_outlier_feature(model: nn.Module, gain: float) -> list[str]:
+    """Multiply input feature `OUTLIER_FEATURE` of every block's second MLP linear by `gain`
+    (a forward pre-hook, so the linear may be any kind), and return the layers' names. The
+    weights are untouched: this is a different model, in which one feature is `gain` times
+    larger, as in models whose norm gains grew an outlier feature (LLM.int8, Dettmers et al.
+    2022). Gradients flow through the gain by the chain rule."""
+    def amplify(module, inputs):
+        x = inputs[0]
+        gains = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        gains[OUTLIER_FEATURE] = gain
+        return (x * gains, *inputs[1:])
+
+    names = [name for name, module in model.named_modules()
+             if name.endswith(OUTLIER_LAYER) and isinstance(module, nn.Linear)]
+    for name in names:
+        model.get_submodule(name).register_forward_pre_hook(amplify)
+    return names
+
+
 @dataclass(frozen=True)
-class BlockScaledRunConfig(RunConfig):
+class OutlierRunConfig(RunConfig):
+    """A lesson-06 run whose model has an outlier feature of size `outlier_gain` in the input
+    of each block's second MLP linear (`add_outlier_feature`); 1.0 means none. Any precision."""
+    outlier_gain: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not (isinstance(self.outlier_gain, (int, float)) and math.isfinite(self.outlier_gain)
+                and self.outlier_gain > 0):
+            raise ValueError(f"outlier_gain must be a positive finite number, got {self.outlier_gain!r}")
+
+    @property
+    def label(self) -> str:
+        gain = f", outlier x{self.outlier_gain:g}" if self.outlier_gain != 1.0 else ""
+        return f"{super().label}{gain}"
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        model = super().prepare_model(model)
+        if self.outlier_gain != 1.0:
+            add_outlier_feature(model, self.outlier_gain)
+        return model
+
+
+@dataclass(frozen=True)
+class BlockScaledRunConfig(OutlierRunConfig):
     """A lesson-06 run whose transformer blocks multiply with block-scaled operands.
 
-    `recipe` names one of `RECIPES_BY_NAME`. `outlier_scale` stages an outlier feature (see
-    `BlockScaledLinear`) in the input of each block's second MLP linear, the layer with the
-    widest input (4 x d_model), so that a block of 16 or 32 holds a small share of it; the FP32
-    model is unchanged. 1.0 means none. `keep_blocks` lists transformer blocks (by
-    index; -1 is the last) whose linears stay in high precision, as NVIDIA's NVFP4 run kept
-    about 15% of its linear layers in BF16. As in `Fp8RunConfig`, parameters and everything
-    outside the converted linears stay FP32 (`precision="fp32"`), with no loss scaling: each
-    block's own scale sets its range. Train it with `train.train(BlockScaledRunConfig(...))`.
+    `recipe` names one of `RECIPES_BY_NAME`. `outlier_gain` (from `OutlierRunConfig`) gives the
+    model an outlier feature in the widest input (4 x d_model, so that a block of 16 or 32 holds
+    a small share of a row); compare with an `OutlierRunConfig` FP32 run of the same gain.
+    `keep_blocks` lists transformer blocks (by index; -1 is the last) whose linears stay in high
+    precision, as NVIDIA's NVFP4 run kept its first 2 and last 8 of 62 blocks (about 16% of the
+    linear layers) in BF16. As in `Fp8RunConfig`, parameters and everything outside the
+    converted linears stay FP32 (`precision="fp32"`), with no loss scaling: each block's own
+    scale sets its range. Train it with `train.train(BlockScaledRunConfig(...))`.
     """
     recipe: str = "mxfp8"
     keep_blocks: tuple[int, ...] = ()
-    outlier_scale: float = 1.0
+    outlier_scale: float = 1.0     # the old staging, which divides weight column 0 (see BlockScaledLinear)
     loss_scaling: str = "off"
 
     def __post_init__(self):
@@ -204,8 +249,6 @@ class BlockScaledRunConfig(RunConfig):
         if self.recipe not in RECIPES_BY_NAME:
             raise ValueError(f"unknown recipe {self.recipe!r}; choose one of "
                              f"{', '.join(RECIPES_BY_NAME)}")
-        if not (isinstance(self.outlier_scale, (int, float)) and self.outlier_scale > 0):
-            raise ValueError(f"outlier_scale must be a positive number, got {self.outlier_scale!r}")
         if self.precision != "fp32" or self.loss_scaling != "off":
             raise ValueError(f"a block-scaled run keeps its other math in fp32 and takes no loss "
                              f"scaling; got precision={self.precision!r}, "
@@ -217,11 +260,12 @@ class BlockScaledRunConfig(RunConfig):
     @property
     def label(self) -> str:
         kept = f", blocks {list(self.keep_blocks)} kept" if self.keep_blocks else ""
-        return f"{self.recipe} linears{kept}"
+        gain = f", outlier x{self.outlier_gain:g}" if self.outlier_gain != 1.0 else ""
+        return f"{self.recipe} linears{kept}{gain}"
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """The blocks' linear layers become `BlockScaledLinear`; the tied output head, and the
-        linears of `keep_blocks`, stay FP32."""
+        linears of `keep_blocks`, stay FP32; then the outlier feature, if any."""
         kept = {f"blocks.{b % self.n_layers}." for b in self.keep_blocks}
         skip = ("head",) + tuple(name for name, m in model.named_modules()
                                  if isinstance(m, nn.Linear) and any(name.startswith(k) for k in kept))
@@ -229,6 +273,8 @@ class BlockScaledRunConfig(RunConfig):
         for name, module in model.named_modules():
             if isinstance(module, BlockScaledLinear) and name.endswith(OUTLIER_LAYER):
                 module.outlier_scale = self.outlier_scale
+        if self.outlier_gain != 1.0:
+            add_outlier_feature(model, self.outlier_gain)
         return model
 
 

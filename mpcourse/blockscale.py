@@ -151,11 +151,13 @@ def mx_scale(amax: torch.Tensor, element: FloatFormat, rule: str = "mx_floor") -
         raise ValueError(f"unknown MX scale rule {rule!r}; expected one of {MX_RULES}")
     if rule == "mx_floor":
         _, exponent = torch.frexp(amax.float())          # amax = m * 2**exponent, m in [0.5, 1)
-        power = exponent - 1 - element.max_exponent
+        power, positive = exponent - 1 - element.max_exponent, amax > 0
     else:
-        mantissa, exponent = torch.frexp(amax.float() / element.max)
+        quotient = amax.float() / element.max
+        mantissa, exponent = torch.frexp(quotient)
         power = exponent - (mantissa == 0.5).int()       # an exact power of two stays
-    power = torch.where(amax > 0, power, -127).clamp(-127, 127)
+        positive = quotient > 0     # a float32-subnormal amax can underflow the quotient to 0
+    power = torch.where(positive, power, -127).clamp(-127, 127)
     scale = torch.ldexp(torch.ones_like(amax, dtype=torch.float32), power)
     return torch.where(amax.isfinite(), scale, torch.full_like(scale, math.nan))
 

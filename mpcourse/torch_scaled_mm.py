@@ -10,8 +10,14 @@
 | BlockWise1x32 | MXFP8 (E4M3 elements) | E8M0 | swizzled (`SwizzleType.SWIZZLE_32_4_4`) |
 | BlockWise1x16 + TensorWise | NVFP4 | E4M3, and the FP32 tensor scale | swizzled; elements packed two per byte |
 
-The 1x128/128x128 kernels are Hopper's (sm_90, DeepSeek-V3's recipe); MX and NVFP4 need
-Blackwell (sm_100 and later). `scaled_mm_arguments` builds the arguments from two `Quantized`
+Which GPU runs what is `runs_on(layout_name, capability)`, read from torch's CUDA source
+(`ScaledBlas.cpp`): every scaled matmul needs sm_89 or sm_90 and newer; the 1x128/128x128
+layouts (DeepSeek-V3's recipe) run on sm_90 *only* (`_check_deepseek_support` refuses every
+other major version, Blackwell included); MX and NVFP4 are not gated by torch but by cuBLAS,
+which has them from Blackwell (sm_100) on. NVFP4 with its FP32 tensor scales is "two-level":
+torch's `check_swizzle_lengths` wants two swizzles per operand, one per scale
+(`[SWIZZLE_32_4_4, NO_SWIZZLE]`, as torchao 0.18's `nvfp4_linear.py` passes them); MXFP8 one.
+`scaled_mm_arguments` builds the arguments from two `Quantized`
 (a is M x K, b is N x K, both blocked along K), and `torch_scaled_mm(a, b)` calls torch with
 them; it computes a @ b.T. Where the GPU lacks a layout, torch raises and so does this.
 The layout follows torch's own checks (`torch/_meta_registrations.py`,
@@ -109,6 +115,8 @@ def scaled_mm_arguments(a: Quantized, b: Quantized) -> dict:
         scale_a = to_blocked(a.scales.to(scale_dtype))
         scale_b = to_blocked(b.scales.to(scale_dtype))
         swizzle = [F.SwizzleType.SWIZZLE_32_4_4]
+        if kind_a == "BlockWise1x16":   # one swizzle per scale; the FP32 tensor scale's is none
+            swizzle.append(F.SwizzleType.NO_SWIZZLE)
     recipe_a, recipe_b = [getattr(F.ScalingType, kind_a)], [getattr(F.ScalingType, kind_b)]
     scale_a, scale_b = [scale_a], [scale_b]
     if kind_a == "BlockWise1x16":   # NVFP4's second level: the FP32 tensor scales
@@ -117,7 +125,41 @@ def scaled_mm_arguments(a: Quantized, b: Quantized) -> dict:
         recipe_a.append(F.ScalingType.TensorWise)
         recipe_b.append(F.ScalingType.TensorWise)
     return dict(mat_a=mat_a, mat_b=mat_b, scale_a=scale_a, scale_recipe_a=recipe_a,
-                scale_b=scale_b, scale_recipe_b=recipe_b, swizzle_a=swizzle, swizzle_b=swizzle)
+                scale_b=scale_b, scale_recipe_b=recipe_b, swizzle_a=swizzle,
+                swizzle_b=None if swizzle is None else list(swizzle))
+
+
+#: Where torch 2.13's CUDA scaled matmul runs each layout, and why not elsewhere, as its
+#: source says (aten/src/ATen/native/cuda/ScaledBlas.cpp: `scaled_mm_arch_allowed`,
+#: `_check_deepseek_support`; MX and NVFP4 are left to cuBLAS, whose block-scaled GEMMs
+#: start at sm_100). Keys: layout names; values: (a test on (major, minor), the reason).
+GPU_SUPPORT = {
+    "TensorWise": (lambda cc: cc >= (9, 0) or cc == (8, 9),
+                   "torch._scaled_mm needs compute capability 8.9, or 9.0 and newer"),
+    "RowWise": (lambda cc: cc >= (9, 0) or cc == (8, 9),
+                "torch._scaled_mm needs compute capability 8.9, or 9.0 and newer"),
+    "BlockWise1x128": (lambda cc: cc[0] == 9,
+                       "DeepSeek style (1x128, 128x128) scaling only supported in CUDA for SM90"
+                       " (and with cuBLASLt 12.9 or newer)"),
+    "BlockWise1x32": (lambda cc: cc[0] >= 10,
+                      "MX block scaling needs cuBLAS's block-scaled GEMMs, sm_100 (Blackwell) and newer"),
+    "BlockWise1x16": (lambda cc: cc[0] >= 10,
+                      "NVFP4 block scaling needs cuBLAS's block-scaled GEMMs, sm_100 (Blackwell) and newer"),
+}
+
+
+def runs_on(layout_name: str, capability: tuple[int, int] | None) -> tuple[bool, str]:
+    """(whether torch's scaled matmul runs `layout_name` on a CUDA GPU of `capability`, the
+    reason); None means no CUDA GPU. BlockWise128x128 pairs with BlockWise1x128 and shares its
+    rule."""
+    rule = GPU_SUPPORT.get("BlockWise1x128" if layout_name == "BlockWise128x128" else layout_name)
+    if rule is None:
+        raise ValueError(f"unknown layout {layout_name!r}; choose one of {', '.join(GPU_SUPPORT)}, "
+                         "BlockWise128x128")
+    if capability is None:
+        return False, "no CUDA GPU"
+    test, reason = rule
+    return bool(test(tuple(capability))), reason
 
 
 def torch_scaled_mm(a: Quantized, b: Quantized, output_dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -11,6 +11,12 @@ from collections import defaultdict
 import pytest
 
 LESSON_TARGET_S = 300  # all lessons together, on 2 CPU cores (issue 10)
+LESSON_BUDGET_S = 90   # one lesson under nbval, unless it is named below with its reason
+#: Lessons allowed more than LESSON_BUDGET_S, each with why. Lesson 10 trains 60 small runs (six
+#: recipes with and without an outlier feature, and NVFP4's ablation, each over four seeds), the
+#: fewest that can estimate a seed spread (issue 36); on an idle 2-core machine that is about
+#: 3 to 4 minutes.
+BUDGET_EXCEPTIONS_S = {"10_block_scaling.ipynb": 300}
 
 
 class NotebookTimes:
@@ -31,7 +37,9 @@ class NotebookTimes:
         for folder in sorted({path.rsplit("/", 1)[0] for path in self.seconds}):
             paths = sorted(p for p in self.seconds if p.rsplit("/", 1)[0] == folder)
             for path in paths:
-                write(f"{path:<{width}}  {self.seconds[path]:7.1f} s")
+                budget = BUDGET_EXCEPTIONS_S.get(path.rsplit("/", 1)[-1], LESSON_BUDGET_S)
+                over = f"  (over its budget of {budget} s)" if self.seconds[path] > budget else ""
+                write(f"{path:<{width}}  {self.seconds[path]:7.1f} s{over}")
             total = sum(self.seconds[p] for p in paths)
             target = f"  (target for all lessons: {LESSON_TARGET_S} s)" if folder.endswith("notebooks") else ""
             write(f"{folder + '/ total':<{width}}  {total:7.1f} s{target}")

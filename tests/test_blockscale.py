@@ -1,6 +1,7 @@
 """Block scaling (per tensor, per row, tiles, blocks, MX, NVFP4) against the specs' rules and
 torch's and ml_dtypes' casts."""
 import math
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -46,6 +47,39 @@ def test_mx_scale_is_the_spec_rule_and_an_exact_e8m0_value(recipe):
     finite = ~expected.isnan()
     assert torch.equal(got[finite], expected[finite])
     assert torch.equal(got[finite].to(torch.float8_e8m0fnu).float(), got[finite])   # exact in E8M0
+
+
+def _exact_mx_scale(amax: float, element, rule: str) -> float:
+    """The rule in exact rational arithmetic (an independent reference): floor gives
+    2**(floor(log2 amax) - emax); round-up the smallest power of two >= amax / element.max;
+    both clamped to E8M0's 2**-127 .. 2**127; zero amax gives 2**-127."""
+    if amax == 0:
+        return 2.0**-127
+    target = Fraction(amax) if rule == "mx_floor" else Fraction(amax) / Fraction(element.max)
+    power = -200
+    while Fraction(2) ** (power + 1) <= target:   # the largest power of two <= target
+        power += 1
+    if rule == "mx_floor":
+        power -= element.max_exponent
+    elif Fraction(2) ** power < target:
+        power += 1
+    return 2.0 ** min(max(power, -127), 127)
+
+
+@pytest.mark.parametrize("element", [FP8_E4M3, FP4_E2M1], ids=lambda e: e.name)
+@pytest.mark.parametrize("rule", ["mx_floor", "mx_rceil"])
+def test_mx_scale_at_float32_subnormal_and_tiny_amaxes_matches_exact_arithmetic(rule, element):
+    """Blocks of float32 subnormals: amax / element.max underflows float32 to 0 below about
+    element.max * 2**-150, and the round-up rule must still give 2**-127 (E8M0 code 0), not 1."""
+    generator = torch.Generator().manual_seed(5)
+    subnormal = torch.rand(200, generator=generator) * 2.0**-126
+    tiny = torch.tensor([2.0**-149, 2.0**-140, 1e-45, 1e-42, 1e-40, 2.0**-126, 2.0**-120, 3e-36, 0.0])
+    normal = torch.exp2(torch.rand(200, generator=generator) * 250 - 125)
+    amaxes = torch.cat([subnormal, tiny, normal])
+    got = mx_scale(amaxes, element, rule)
+    expected = torch.tensor([_exact_mx_scale(a, element, rule) for a in amaxes.tolist()])
+    assert torch.equal(got, expected)
+    assert (got[: subnormal.numel()] == 2.0**-127).all()
 
 
 @pytest.mark.parametrize("recipe", MX, ids=lambda r: r.name)

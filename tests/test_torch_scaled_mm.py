@@ -10,7 +10,32 @@ import torch.nn.functional as F
 from mpcourse.blockscale import (BLOCK_128x128, MXFP8_E4M3, MXFP8_E4M3_RCEIL, NVFP4, PER_ROW,
                                  PER_TENSOR, PER_TENSOR_FP4, TILE_1x128, quantize)
 from mpcourse.scaled_matmul import scaled_matmul
-from mpcourse.torch_scaled_mm import layout, pack_fp4, scaled_mm_arguments, to_blocked, torch_scaled_mm
+from mpcourse.torch_scaled_mm import (layout, pack_fp4, runs_on, scaled_mm_arguments, to_blocked,
+                                      torch_scaled_mm)
+
+#: torch's CUDA rules for the lists `F.scaled_mm` takes, transcribed from
+#: aten/src/ATen/native/cuda/ScaledBlas.cpp of pytorch/pytorch at this commit (the installed torch
+#: 2.13 is git cf30153c; its C++ is not installed, and its meta kernel checks only each list's
+#: first entry). Per implementation (`scale_kernel_dispatch`): the ScalingTypes of a and of b, how
+#: many swizzles each operand must pass (`check_swizzle_lengths`: MXFP8 1, NVFP4 two-level 2;
+#: 0 means unchecked), and the first swizzle `_scaled_mxfp8_mxfp8` / `_scaled_nvfp4_nvfp4` demand.
+SCALED_BLAS_COMMIT = "0174dfabc023f11a8f78c79c301b49c8d7e02c8b"
+SCALED_BLAS_RULES = {
+    "tensorwise_tensorwise": (["TensorWise"], ["TensorWise"], 0, None),
+    "rowwise_rowwise": (["RowWise"], ["RowWise"], 0, None),
+    "block_1x128_128x128": (["BlockWise1x128"], ["BlockWise128x128"], 0, None),
+    "block_1x128_1x128": (["BlockWise1x128"], ["BlockWise1x128"], 0, None),
+    "mxfp8_mxfp8": (["BlockWise1x32"], ["BlockWise1x32"], 1, "SWIZZLE_32_4_4"),
+    "nvfp4_nvfp4": (["BlockWise1x16", "TensorWise"], ["BlockWise1x16", "TensorWise"], 2, "SWIZZLE_32_4_4"),
+}
+#: Which CUDA capabilities run each implementation, from the same file: `scaled_mm_arch_allowed`
+#: (8.9, or 9.0 and newer) for all; `_check_deepseek_support` (major == 9 only) for the 1x128
+#: layouts; MX and NVFP4 are not gated by torch, and cuBLAS has their GEMMs from sm_100 on.
+CAPABILITIES = [(8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0)]
+RUNS_ON = {"TensorWise": {(8, 9), (9, 0), (10, 0), (10, 3), (12, 0)},
+           "RowWise": {(8, 9), (9, 0), (10, 0), (10, 3), (12, 0)},
+           "BlockWise1x128": {(9, 0)}, "BlockWise128x128": {(9, 0)},
+           "BlockWise1x32": {(10, 0), (10, 3), (12, 0)}, "BlockWise1x16": {(10, 0), (10, 3), (12, 0)}}
 
 #: (recipe of a, recipe of b, M, N, K): every layout pair torch 2.13's scaled_mm takes.
 PAIRS = [(PER_TENSOR, PER_TENSOR, 32, 48, 64), (PER_ROW, PER_ROW, 32, 48, 64),
@@ -55,6 +80,64 @@ def test_a_wrong_layout_fails_torchs_checks():
     args["scale_a"] = [a.scales.to(torch.float8_e8m0fnu).flatten()]   # not padded and swizzled
     with pytest.raises(RuntimeError, match="for MX scaling scale_a must have"):
         F.scaled_mm(**{name: on_meta(v) for name, v in args.items()})
+
+
+def _names(values):
+    return None if values is None else [v.name for v in values]
+
+
+def rule_violations(args) -> list[str]:
+    """What in `args` (F.scaled_mm's keyword arguments) breaks SCALED_BLAS_RULES: the recipes
+    must be one implementation's, with one scale per recipe, and the swizzle lists must have
+    the length check_swizzle_lengths wants and the first entry the kernel checks."""
+    got = (_names(args["scale_recipe_a"]), _names(args["scale_recipe_b"]))
+    matches = [name for name, rule in SCALED_BLAS_RULES.items() if got == (rule[0], rule[1])]
+    if len(matches) != 1:
+        return [f"{got} is no implementation of ScaledBlas.cpp@{SCALED_BLAS_COMMIT[:8]}"]
+    name, (_, _, swizzles, first) = matches[0], SCALED_BLAS_RULES[matches[0]]
+    problems = [f"{name}: {len(args[s])} scales for {len(r)} recipes"
+                for s, r in (("scale_a", got[0]), ("scale_b", got[1])) if len(args[s]) != len(r)]
+    for side in ("swizzle_a", "swizzle_b"):
+        listed = _names(args[side]) or []
+        if swizzles and len(listed) != swizzles:
+            problems.append(f"{name}: {side} must have {swizzles} value(s), got {listed}")
+        elif swizzles and listed[0] != first:
+            problems.append(f"{name}: {side}[0] must be {first}, got {listed[0]}")
+        elif not swizzles and listed:
+            problems.append(f"{name} takes no swizzle, got {listed}")
+    return problems
+
+
+@pytest.mark.parametrize("recipe_a, recipe_b, m, n, k", PAIRS, ids=IDS)
+def test_argument_lists_follow_torchs_cuda_rules(recipe_a, recipe_b, m, n, k):
+    """Each layout's lists against torch's CUDA rules (SCALED_BLAS_RULES)."""
+    args = scaled_mm_arguments(*operands(recipe_a, recipe_b, m, n, k))
+    assert rule_violations(args) == []
+    if layout(operands(recipe_a, recipe_b, m, n, k)[0]) == "BlockWise1x16":
+        # torchao 0.18's nvfp4_linear.py: the FP32 tensor scale is not swizzled
+        assert _names(args["swizzle_a"])[1] == _names(args["swizzle_b"])[1] == "NO_SWIZZLE"
+
+
+def test_the_rule_check_catches_a_one_element_nvfp4_swizzle_list():
+    """The rule check's positive control: NVFP4 with one swizzle per operand (what this module
+    passed before) breaks check_swizzle_lengths, which raises ValueError on a GPU."""
+    args = scaled_mm_arguments(*operands(NVFP4, NVFP4, 64, 96, 256))
+    args["swizzle_a"], args["swizzle_b"] = args["swizzle_a"][:1], args["swizzle_b"][:1]
+    assert rule_violations(args) == [
+        "nvfp4_nvfp4: swizzle_a must have 2 value(s), got ['SWIZZLE_32_4_4']",
+        "nvfp4_nvfp4: swizzle_b must have 2 value(s), got ['SWIZZLE_32_4_4']"]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS_ON))
+def test_runs_on_says_per_architecture_what_torchs_source_says(name):
+    for capability in CAPABILITIES:
+        runs, reason = runs_on(name, capability)
+        assert runs == (capability in RUNS_ON[name]), (name, capability, reason)
+    assert runs_on(name, None)[0] is False
+    if name in ("BlockWise1x128", "BlockWise128x128"):
+        assert "only supported in CUDA for SM90" in runs_on(name, (10, 0))[1]   # torch's own message
+    with pytest.raises(ValueError, match="unknown layout 'BlockWise2x2'"):
+        runs_on("BlockWise2x2", (9, 0))
 
 
 def test_to_blocked_is_cublas_swizzle():
@@ -109,17 +192,24 @@ def _cuda_capability():
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
 
 
-@pytest.mark.skipif(_cuda_capability() < (9, 0), reason="block-scaled GEMMs need a CUDA GPU, sm_90 or newer")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("recipe_a, recipe_b, m, n, k", PAIRS, ids=IDS)
-def test_on_the_gpu_the_hardware_product_matches_the_emulation(recipe_a, recipe_b, m, n, k):
+def test_on_the_gpu_each_layout_runs_where_torchs_source_says_and_matches_the_emulation(
+        recipe_a, recipe_b, m, n, k):
     """Same quantized operands, hardware against emulation: equal up to the BF16 output's
-    rounding and FP32 summation order. Layouts this GPU lacks must be refused, not wrong."""
+    rounding and FP32 summation order, on the architectures RUNS_ON lists. Elsewhere torch
+    must refuse (NotImplementedError from its arch checks, ValueError from its argument checks,
+    RuntimeError from cuBLAS), never answer."""
+    capability = _cuda_capability()
     a, b = operands(recipe_a, recipe_b, m, n, k, device="cuda")
-    expected = scaled_matmul(a, b).cpu()
+    should_run = capability in RUNS_ON[layout(a)]
+    if layout(a) == "BlockWise1x128":   # _check_deepseek_support also wants cuBLASLt 12.9 or newer
+        should_run &= tuple(int(p) for p in (torch.version.cuda or "0.0").split(".")[:2]) >= (12, 9)
     try:
         got = torch_scaled_mm(a, b, output_dtype=torch.bfloat16).float().cpu()
-    except RuntimeError as refused:
-        needs_blackwell = layout(a) in ("BlockWise1x32", "BlockWise1x16")
-        assert needs_blackwell and _cuda_capability() < (10, 0), refused
-        pytest.skip(f"{layout(a)} needs Blackwell: {refused}")
+    except (RuntimeError, ValueError, NotImplementedError) as refused:
+        assert not should_run, f"torch's source runs {layout(a)} on sm_{capability}, but: {refused!r}"
+        return
+    assert should_run, f"{layout(a)} ran on sm_{capability}, where torch's source refuses it"
+    expected = scaled_matmul(a, b).cpu()
     assert torch.allclose(got, expected, rtol=2.0**-7, atol=1e-3 * expected.abs().max().item())

@@ -1,5 +1,6 @@
 """Lesson 10's pictures: where a block's amax lands under each scale rule, the three matmuls
-of a linear layer with their block shapes, and an accumulator's error against K.
+of a linear layer with their block shapes, an accumulator's error against K, each recipe's
+gap to FP32 as paired dots per seed, and quantization's cost against a matmul's saving.
 
 Each takes values already computed (a grid, landing points, error curves) and draws them.
 """
@@ -89,4 +90,48 @@ def plot_error_against_k(curves: dict[str, dict[int, float]]) -> Figure:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def plot_paired_gaps(gaps: dict[str, dict[int, float]], ax=None, title: str = "") -> Figure:
+    """One column per recipe: its gap to FP32 for each seed as a dot (the same colour for the
+    same seed in every column, so pairs can be followed), the mean as a bar, and mean +- one
+    standard deviation over the seeds as a band. No lines join the seeds: they are not a
+    series."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    seeds = sorted({seed for per_seed in gaps.values() for seed in per_seed})
+    colours = plt.get_cmap("tab10")
+    for i, (name, per_seed) in enumerate(gaps.items()):
+        values = [per_seed[s] for s in seeds]
+        mean = sum(values) / len(values)
+        spread = (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
+        ax.add_patch(Rectangle((i - 0.3, mean - spread), 0.6, 2 * spread, color="#999999", alpha=0.25, lw=0))
+        ax.hlines(mean, i - 0.3, i + 0.3, color="black", lw=1.5)
+        for j, (seed, value) in enumerate(zip(seeds, values)):
+            ax.plot(i - 0.15 + 0.3 * j / max(len(seeds) - 1, 1), value, "o", color=colours(j),
+                    label=f"seed {seed}" if i == 0 else None)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_xticks(range(len(gaps)), list(gaps), rotation=20)
+    ax.set_xlim(-0.6, len(gaps) - 0.4)
+    ax.set_ylabel("held-out loss minus FP32's (nats/token)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return ax.figure
+
+
+def plot_cost_against_saving(shares: dict[str, dict[str, float]], saving_label: str = "") -> Figure:
+    """Grouped bars: for each counting assumption (outer key), each layout's quantization time
+    as a share of what the faster matmul saves (inner key: layout), with the break-even at 1."""
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    layouts = list(next(iter(shares.values())))
+    width = 0.8 / len(layouts)
+    for j, layout_name in enumerate(layouts):
+        ax.bar([i + (j - (len(layouts) - 1) / 2) * width for i in range(len(shares))],
+               [100 * per_layout[layout_name] for per_layout in shares.values()], width, label=layout_name)
+    ax.axhline(100, color="#D55E00", ls="--", lw=1, label="the whole saving" + saving_label)
+    ax.set_xticks(range(len(shares)), list(shares))
+    ax.set_ylabel("quantization time, % of the matmul's saving")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
     return fig
