@@ -5,19 +5,16 @@ carries its Colab, Kaggle and download links, 'lesson NN' in the prose links tha
 search finds a page by a word in it."""
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import re
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
 import pytest
 
-from conftest import ROOT, unavailable
+import site_build
+from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "site"))
 from course_site import hosted  # noqa: E402  (the site's own copy of mpcourse.hosted)
@@ -36,42 +33,21 @@ _PAGE_JS = """() => ({
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
-    """The site as `make site` builds it, into a folder of its own."""
-    try:
-        import myst_nb  # noqa: F401
-        import sphinx  # noqa: F401
-    except ImportError:
-        unavailable("Sphinx and myst-nb are missing; install the site extra: pip install -e '.[site]'")
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-q", "-W", "--keep-going", "-b", "html",
-                           str(ROOT / "site"), str(out)], capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, f"the site did not build without warnings:\n{done.stderr[-5000:]}"
-    return out
+    """The site as `make site` builds it, into a folder of its own (built once per session)."""
+    return site_build.build(tmp_path_factory.getbasetemp() / "site")
 
 
 @pytest.fixture(scope="session")
-def server(site):
+def server(site) -> str:
     """The built site over HTTP on 127.0.0.1, as a static host would serve it."""
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
+    return site_build.serve(site)
 
 
 @pytest.fixture(scope="session")
 def visited(site, server, browser_context):
     """Each page of the site, loaded once: its console errors, links, pictures and link bar."""
     pages = {}
-    for path in sorted(site.rglob("*.html")):
-        name = path.relative_to(site).as_posix()
-        if name.startswith("_"):
-            continue
+    for name in site_build.pages(site):
         page = browser_context.new_page()
         errors = []
         page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
