@@ -21,16 +21,6 @@ from course_site import hosted  # noqa: E402  (the site's own copy of mpcourse.h
 
 from mpcourse.course import LESSONS  # noqa: E402
 
-#: Every element's links and pictures on a loaded page, in one round trip.
-_PAGE_JS = """() => ({
-  links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-  images: [...document.querySelectorAll('img')].map(i => ({src: i.currentSrc || i.src,
-           ok: i.complete && i.naturalWidth > 0 && i.naturalHeight > 0})),
-  bar: [...document.querySelectorAll('.course-links a')].map(a => [a.textContent, a.getAttribute('href')]),
-  xrefs: [...document.querySelectorAll('a.course-xref')].map(a => [a.textContent, a.getAttribute('href')]),
-})"""
-
-
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
     """The site as `make site` builds it, into a folder of its own (built once per session)."""
@@ -46,17 +36,7 @@ def server(site) -> str:
 @pytest.fixture(scope="session")
 def visited(site, server, browser_context):
     """Each page of the site, loaded once: its console errors, links, pictures and link bar."""
-    pages = {}
-    for name in site_build.pages(site):
-        page = browser_context.new_page()
-        errors = []
-        page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
-        page.goto(server + name, wait_until="load")
-        page.wait_for_load_state("networkidle")
-        pages[name] = dict(page.evaluate(_PAGE_JS), errors=errors)
-        page.close()
-    return pages
+    return site_build.visit_all(browser_context, server, site)
 
 
 def test_every_lesson_and_exercise_has_a_page(visited):
@@ -126,10 +106,11 @@ def test_lessons_named_in_the_prose_link_to_their_pages(visited):
 
 def test_search_finds_a_lesson_by_a_word_in_it(server, browser_context):
     page = browser_context.new_page()
+    page.set_default_timeout(site_build.PAGE_TIMEOUT_S * 1000)
     page.goto(server + "search.html?q=GradScaler")
     # Sphinx lists results as it finds them and writes "Search finished" once all are in
     page.wait_for_function("(document.querySelector('#search-results .search-summary') || {}).textContent"
-                           "?.includes('Search finished')", timeout=60_000)
+                           "?.includes('Search finished')")
     found = page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
     page.close()
     assert any(re.search(r"/notebooks/05_loss_scaling\.html", link) for link in found), found

@@ -25,9 +25,6 @@ import pytest
 import site_build
 from conftest import ROOT, unavailable
 
-AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
-AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
-BLOCKING = ("serious", "critical")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 MIN_LABEL_PX = 10
@@ -38,27 +35,12 @@ NAMED_SIZES = {"xx-small": 0.579, "x-small": 0.694, "small": 0.833, "medium": 1.
 FONT_SIZE = re.compile(r"""\b(?:fontsize|size|labelsize)\s*=\s*(?:([0-9]+(?:\.[0-9]+)?)|["']([a-z-]+)["'])""")
 FILE_NAME = re.compile(r"(^|/)[\w.-]+\.(png|svg|jpe?g|gif)$|^[0-9a-f]{32,}", re.IGNORECASE)
 
-_AUDIT_JS = """async (tags) => {
-  const result = await axe.run(document, {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']});
-  return result.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
-                                      nodes: v.nodes.map(n => n.target.join(' ')).slice(0, 5)}));
-}"""
-_PICTURES_JS = """() => ({
-  images: [...document.querySelectorAll('article img')].map(i => ({
-    src: i.currentSrc || i.src, alt: i.getAttribute('alt'), natural: i.naturalWidth,
-    shown: i.getBoundingClientRect().width, right: i.getBoundingClientRect().right})),
-  stills: [...document.querySelectorAll('.course-widget-still')].map(f => ({
-    text: f.innerText, live: (f.querySelector('.course-widget-live') || {}).textContent || ''})),
-  width: document.documentElement.clientWidth,
-})"""
-
-
 @pytest.fixture(scope="session")
 def axe_source() -> str:
-    if not AXE.is_file():
-        unavailable(f"axe-core is not installed ({AXE.relative_to(ROOT)} is missing); "
+    if not site_build.AXE.is_file():
+        unavailable(f"axe-core is not installed ({site_build.AXE.relative_to(ROOT)} is missing); "
                     "`make browser` installs it with npm ci from package-lock.json")
-    return AXE.read_text(encoding="utf-8")
+    return site_build.AXE.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="session")
@@ -71,40 +53,20 @@ def server(site) -> str:
     return site_build.serve(site)
 
 
-def open_page(context, url: str):
-    page = context.new_page()
-    page.goto(url, wait_until="load")
-    page.wait_for_load_state("networkidle")
-    return page
-
-
-def audit(page, axe_source: str) -> list[dict]:
-    """axe-core's serious and critical violations on the page as it is now."""
-    if not page.evaluate("() => typeof axe !== 'undefined'"):
-        page.add_script_tag(content=axe_source)
-    return [v for v in page.evaluate(_AUDIT_JS, AXE_TAGS) if v["impact"] in BLOCKING]
-
-
 @pytest.fixture(scope="session")
 def audited(site, server, browser_context, axe_source) -> dict[str, dict]:
-    """Each page at 1280 px (conftest's viewport): its blocking violations, pictures and stills."""
-    pages = {}
-    for name in site_build.pages(site):
-        page = open_page(browser_context, server + name)
-        page.wait_for_function("() => [...document.images].every(i => i.complete)")
-        pages[name] = dict(page.evaluate(_PICTURES_JS), violations=audit(page, axe_source))
-        page.close()
-    return pages
+    """Each page at 1280 px (conftest's viewport): its blocking violations, figures and stills."""
+    return site_build.visit_all(browser_context, server, site)
 
 
 def test_the_audit_finds_a_planted_violation(server, browser_context, axe_source):
     """A positive control: a real page with an unlabelled picture and a level-less heading added."""
-    page = open_page(browser_context, server + "notebooks/02_memory.html")
+    page = site_build.open_page(browser_context, server + "notebooks/02_memory.html")
     page.evaluate("""() => {
       const article = document.querySelector('article');
       article.insertAdjacentHTML('afterbegin', '<img src="../_static/favicon.svg"><p role="heading">Planted</p>');
     }""")
-    found = {v["id"] for v in audit(page, axe_source)}
+    found = {v["id"] for v in site_build.audit(page)}
     page.close()
     assert {"image-alt", "aria-required-attr"} <= found, found
 
@@ -116,7 +78,7 @@ def test_no_page_has_a_serious_or_critical_violation(audited):
 
 
 def test_every_figure_has_alt_text_that_says_what_it_shows(audited):
-    images = [(name, image) for name, page in audited.items() for image in page["images"]]
+    images = [(name, image) for name, page in audited.items() for image in page["figures"]]
     assert len(images) >= 40, "the lessons' plots are on the pages"
     bad = [f"{name}: {image['src'].rsplit('/', 1)[-1]} has alt {image['alt']!r}" for name, image in images
            if not image["alt"] or FILE_NAME.search(image["alt"].strip()) or len(image["alt"].split()) < 4]
@@ -217,7 +179,7 @@ def test_every_plot_s_smallest_label_shows_at_10_px_or_more(audited):
     small = []
     for name, page in audited.items():
         assert page["width"] == 1280, "the window the site is read in"
-        for image in page["images"]:
+        for image in page["figures"]:
             file = image["src"].rsplit("/", 1)[-1]
             if file not in plots:
                 continue
