@@ -108,8 +108,16 @@ outputs: $(STAMP)
 	  echo "== $$nb"; $(PY) -m jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 "$$nb" || exit 1; done
 
-# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found).
-browser: $(DEV_STAMP)
+# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found),
+# and the website (tests/browser/test_site*.py), which axe-core audits for accessibility: npm's
+# axe-core, at the version and hash package-lock.json holds, installed into node_modules/.
+AXE := node_modules/axe-core/axe.min.js
+$(AXE): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "error: the site's accessibility audit needs npm (apt-get install npm)" >&2; exit 1; }
+	npm ci --no-audit --no-fund --ignore-scripts
+	@touch $@
+
+browser: $(DEV_STAMP) $(AXE)
 	$(PY) -m pytest -rs tests/browser/
 
 # Installs as a learner would in Colab and Kaggle (tests/hosted): lessons 00 and 06 and exercise 01
