@@ -27,6 +27,8 @@ sandboxed grader).
 __version__ = "0.1.0"
 
 import importlib.util
+import sys
+import types
 
 #: The public names, each with the module that defines it. They are imported on first use (PEP 562),
 #: so that `import mpcourse` and `mpcourse --help` answer at once: most of these modules import
@@ -63,3 +65,17 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The package, keeping a public name that a submodule shares (`mpcourse.autocast`, the
+    function of `mpcourse/autocast.py`): importing that submodule would otherwise set the name
+    to the module, as an eager `from mpcourse.autocast import autocast` here used to undo."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _HOME and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
