@@ -22,18 +22,6 @@ from course_site import hosted  # noqa: E402  (the site's own copy of mpcourse.h
 from mpcourse.course import LESSONS  # noqa: E402
 
 @pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Path:
-    """The site as `make site` builds it, into a folder of its own (built once per session)."""
-    return site_build.build(tmp_path_factory.getbasetemp() / "site")
-
-
-@pytest.fixture(scope="session")
-def server(site) -> str:
-    """The built site over HTTP on 127.0.0.1, as a static host would serve it."""
-    return site_build.serve(site)
-
-
-@pytest.fixture(scope="session")
 def visited(site, server, browser_context):
     """Each page of the site, loaded once: its console errors, links, pictures and link bar."""
     return site_build.visit_all(browser_context, server, site)

@@ -44,16 +44,6 @@ def axe_source() -> str:
 
 
 @pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Path:
-    return site_build.build(tmp_path_factory.getbasetemp() / "site")
-
-
-@pytest.fixture(scope="session")
-def server(site) -> str:
-    return site_build.serve(site)
-
-
-@pytest.fixture(scope="session")
 def audited(site, server, browser_context, axe_source) -> dict[str, dict]:
     """Each page at 1280 px (conftest's viewport): its blocking violations, figures and stills."""
     return site_build.visit_all(browser_context, server, site)
