@@ -36,6 +36,8 @@ EXERCISES = {key: load_exercise(path) for key, path in find_solutions(ROOT / "so
 # attack -> its honest twin: the same work without the attack
 TWINS = {
     "ex06_memory_bug_forges_verdicts": "ex06_memory_bug",
+    "ex09_copies_test_reference": "ex09_wrong_loops",
+    "ex03_returns_qint8": "ex03_returns_int8",
     "ex03_raises_own_error": "ex03_raises_type_error",
     "ex01_zeros_changes_input": "ex01_zeros",
     "ex07_partial_changes_input": "ex07_partial",
@@ -46,7 +48,8 @@ TWINS = {
 }
 # honest variants of right answers: full marks
 HONEST = ["ex00_numpy_int", "ex05_numpy_and_namedtuple", "ex02_value_error_subclass", "ex04_helper_cells",
-          "ex00_quotes_check_line", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss"]
+          "ex00_quotes_check_line", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss", "ex01_correct",
+          "ex02_breakdown_subclass", "ex00_split_test_cell", "ex06_correct", "ex06_divides_gradients"]
 
 
 RECORDER = """import gc, sys
