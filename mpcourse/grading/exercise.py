@@ -44,9 +44,7 @@ class Exercise:
     setup: tuple[str, ...]  # the notebook's other code cells: imports and data the tests may use
     answer_names: tuple[str, ...]  # names the learner's code must define
     tests: tuple[Test, ...]
-    answer_cells: tuple[str, ...] = ()  # the solution's cells that define them, markers removed
     write_yourself: tuple[str, ...] = ()  # library objects the exercise asks for ("module:name", `stubs`)
-    in_place: tuple[str, ...] = ()  # answers asked to change an argument in place (tests compare it)
     by_hand: dict = field(default_factory=dict)  # answer -> dtypes it must make without torch's cast (notes)
     code_cells: tuple[str, ...] = ()  # every code cell but the tests and check(), in order, markers removed
 
@@ -134,7 +132,7 @@ def load_exercise(path: str | Path) -> Exercise:
     """Parse a solution notebook into setup code, answer names and tests."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    setup, answers, answer_cells, tests, seen, code_cells = [], [], [], [], set(), []
+    setup, answers, tests, seen, code_cells = [], [], [], set(), []
     for index, cell in enumerate(nb.cells):
         where = f"{path.name}, cell {index}"
         if is_test_cell(cell):
@@ -153,7 +151,6 @@ def load_exercise(path: str | Path) -> Exercise:
             code = without_markers(cell.source, BEGIN_SOLUTION, END_SOLUTION)
             replace_regions(cell.source, BEGIN_SOLUTION, END_SOLUTION, where=where)  # validates markers
             answers.extend(defined_names(code))
-            answer_cells.append(code)
             code_cells.append(code)
         elif cell.cell_type == "code" and not is_check_cell(cell):
             setup.append(cell.source)
@@ -161,9 +158,9 @@ def load_exercise(path: str | Path) -> Exercise:
     if not tests:
         raise ValueError(f"{path.name}: no test cells (cells with nbgrader grade metadata) found")
     meta = nb.metadata.get("mpcourse", {})
-    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests), tuple(answer_cells),
-                    tuple(meta.get("write_yourself", ())), tuple(meta.get("in_place", ())),
-                    {k: tuple(v) for k, v in meta.get("by_hand", {}).items()}, tuple(code_cells))
+    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests),
+                    write_yourself=tuple(meta.get("write_yourself", ())),
+                    by_hand={k: tuple(v) for k, v in meta.get("by_hand", {}).items()}, code_cells=tuple(code_cells))
 
 
 def learner_cells(nb, exercise: Exercise) -> list[str]:
