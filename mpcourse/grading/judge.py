@@ -19,8 +19,9 @@ own functions (`worker.Answers`), with inputs the test chose:
 from __future__ import annotations
 
 import contextlib
-import io
 import json
+import sys
+import threading
 import types
 from dataclasses import dataclass, field
 
@@ -163,8 +164,36 @@ def local_call(namespace: dict):
     return call
 
 
+class _Router:
+    """A standard stream that drops what the threads in `quiet` write and passes the rest on."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def write(self, text):
+        return len(text) if threading.get_ident() in _quiet_threads else self.real.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+_quiet_threads: set[int] = set()
+_quiet_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def quiet():
-    """Setup cells print; the grader's own output stays clean."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    """Setup cells print; the grader's own output stays clean. Per thread (exercises are planned
+    in parallel threads): `contextlib.redirect_stdout` swaps the stream for every thread, and two
+    threads' swaps interleaved would leave the grader's output in a lost buffer."""
+    with _quiet_lock:
+        if not _quiet_threads:
+            sys.stdout, sys.stderr = _Router(sys.stdout), _Router(sys.stderr)
+        _quiet_threads.add(threading.get_ident())
+    try:
         yield
+    finally:
+        with _quiet_lock:
+            _quiet_threads.discard(threading.get_ident())
+            if not _quiet_threads and isinstance(sys.stdout, _Router) and isinstance(sys.stderr, _Router):
+                sys.stdout, sys.stderr = sys.stdout.real, sys.stderr.real
