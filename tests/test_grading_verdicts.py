@@ -1,27 +1,30 @@
 """Verdicts nobody inside the sandbox can forge, hidden tests that stay hidden, honest work scored
-right (issue 28, part B).
+right (issues 28 and 33).
 
-A model test runs in the learner's process, rewritten by `checks.split_tests`: the sandbox logs the
-values each check is made of and the grader decides. These tests hold the split to the solutions'
-own tests, the decision to each test's own tolerance, and the fixtures' attacks to their honest
-twins' scores (tests/test_grading.py grades every fixture against MANIFEST.json).
+Every test runs in the grader; the learner's process only serves calls to the learner's functions,
+with data in and data out (`judge`, `codec`). These tests hold that no test code reaches that
+process, that data has a schema, and the fixtures' attacks to their honest twins' scores
+(tests/test_grading.py grades every fixture against MANIFEST.json).
 """
-import ast
 import collections
+import copy
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import nbformat
 
 import numpy as np
 import pytest
 import torch
 
-from mpcourse.grading import codec, judge
-from mpcourse.grading.checks import Check, Opaque, split_tests
-from mpcourse.grading.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions, load_exercise
-from mpcourse.grading.verdict import run_test
+from mpcourse.grading import codec, judge, watch
+from mpcourse.grading.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions, learner_cells, load_exercise
+from mpcourse.grading.verdict import Quoted, quoted, run_test
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -33,6 +36,8 @@ EXERCISES = {key: load_exercise(path) for key, path in find_solutions(ROOT / "so
 # attack -> its honest twin: the same work without the attack
 TWINS = {
     "ex06_memory_bug_forges_verdicts": "ex06_memory_bug",
+    "ex09_copies_test_reference": "ex09_wrong_loops",
+    "ex03_returns_qint8": "ex03_returns_int8",
     "ex03_raises_own_error": "ex03_raises_type_error",
     "ex01_zeros_changes_input": "ex01_zeros",
     "ex07_partial_changes_input": "ex07_partial",
@@ -43,125 +48,182 @@ TWINS = {
 }
 # honest variants of right answers: full marks
 HONEST = ["ex00_numpy_int", "ex05_numpy_and_namedtuple", "ex02_value_error_subclass", "ex04_helper_cells",
-          "ex00_quotes_check_line", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss"]
+          "ex00_quotes_check_line", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss", "ex01_correct",
+          "ex02_breakdown_subclass", "ex00_split_test_cell", "ex06_correct", "ex06_divides_gradients"]
 
 
-def _messages(source):
-    """The string constants of every assert message and AssertionError of a test."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        message = node.msg if isinstance(node, ast.Assert) else None
-        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
-            message = node.exc.args[0]
-        if message is not None:
-            found += [c.value for c in ast.walk(message) if isinstance(c, ast.Constant)
-                      and isinstance(c.value, str) and len(c.value) >= 12]
-    return found
+RECORDER = """import gc, sys
+SEEN = []
+def _record(event, args):
+    # every source compiled from a string and every code object executed, whatever its origin
+    if event == "compile" and isinstance(args[0], (str, bytes)) and str(args[1]).startswith("<"):
+        SEEN.append(args[0] if isinstance(args[0], str) else args[0].decode("utf-8", "replace"))
+    elif event == "exec" and hasattr(args[0], "co_consts"):
+        code = [args[0]]
+        while code:
+            c = code.pop()
+            SEEN.append(c.co_filename + " " + " ".join(map(str, c.co_names)))
+            SEEN.extend(str(k) for k in c.co_consts if isinstance(k, str))
+            code.extend(k for k in c.co_consts if hasattr(k, "co_consts"))
+sys.addaudithook(_record)
+"""
 
 
-def _without_messages(source):
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assert):
-            node.msg = None
-        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-            node.exc.args = []
-    return ast.unparse(tree)
+def _lines(source):
+    return [line.strip() for line in source.splitlines() if len(line.strip()) >= 20 and not line.strip().startswith("#")]
 
 
-@pytest.mark.parametrize("key", sorted(EXERCISES))
-def test_what_the_sandbox_receives_has_no_assert_message_or_condition(key):
-    tests = EXERCISES[key].tests
-    splits, checks = split_tests([t.source for t in tests])
-    for test, split in zip(tests, splits):
-        tree = ast.parse(split.source)  # it compiles
-        assert not any(isinstance(n, ast.Assert) for n in ast.walk(tree)), test.id
-        elsewhere = _without_messages(test.source)
-        for message in _messages(test.source):
-            assert message not in split.source or message in elsewhere, (test.id, message)
-    assert sum(len(s.checks) for s in splits) == len(checks)
+@pytest.mark.parametrize("key", ["ex04", "ex06", "ex09"])
+def test_no_test_statement_or_reference_reaches_the_learners_process(key):
+    """The learner's process records every source compiled from a string and every code object it
+    executes; the grader records every message it sends there. Graded with the solution's own
+    code, every test passes, and no line of any test, visible or hidden, is in either."""
+    from mpcourse.grading.sandbox import Limits, Sandbox
+    exercise = EXERCISES[key]
+    deadline = time.monotonic() + 1800
+    sent = []
+    with Sandbox(Limits(), deadline) as worker:
+        def call(message):
+            sent.append(json.dumps(message))
+            return worker.request(message, deadline)
+        call({"op": "stub", "targets": list(exercise.write_yourself)})
+        for cell in (RECORDER, *exercise.code_cells):
+            assert call({"op": "run_cell", "source": cell})["error"] is None
+        namespace, _ = judge.grader_namespace(exercise, call)
+        verdicts = judge.run_tests(exercise.tests, namespace)
+        seen = "\n".join(codec.decode(worker.request({"op": "value", "name": "SEEN"}, deadline)["value"]))
+    assert all(passed for passed, _ in verdicts), verdicts
+    assert len(sent) > len(exercise.tests)
+    # a test's lines that are also the notebook's own or the library's do not tell where they came from
+    known = set(_lines("\n".join(exercise.code_cells))) | {
+        line for path in (ROOT / "mpcourse").rglob("*.py") for line in _lines(path.read_text())}
+    sent = "\n".join(sent)
+    for test in exercise.tests:
+        for line in set(_lines(test.source)) - known:
+            assert line not in seen and json.dumps(line)[1:-1] not in sent, (test.id, line)
 
 
-def test_a_condition_and_its_constants_stay_in_the_grader():
-    (split,), (check,) = split_tests(['got = f(3)\nassert abs(got - 4.25) < 1e-3, f"expected 4.25, got {got}"'])
-    assert "4.25" not in split.source and "0.001" not in split.source and "expected" not in split.source
-    assert check.names == ["got"] and check.holds([4.2504]) and not check.holds([4.26])
+@pytest.mark.parametrize("name", codec.DTYPE_NAMES)
+def test_every_accepted_dtype_round_trips_as_a_tensor_and_as_a_value(name):
+    dtype = getattr(torch, name)
+    tensor = torch.zeros(3, dtype=dtype)
+    back = codec.decode(json.loads(json.dumps(codec.encode([tensor, dtype]))))
+    assert back[0].dtype == dtype and back[0].shape == (3,) and back[1] == dtype
 
 
-def _check(condition):
-    (_,), (check,) = split_tests([f"assert {condition}, 'the check failed'"])
-    return check
+@pytest.mark.parametrize("dtype", sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)
+                                          and str(d).removeprefix("torch.") not in codec.DTYPES}, key=str))
+def test_every_other_dtype_is_malformed_with_a_reason_never_a_crash(dtype):
+    name = str(dtype).removeprefix("torch.")
+    for data in ({"$": "dtype", "name": name}, {"$": "tensor", "dtype": name, "shape": [1], "data": "AA=="}):
+        with pytest.raises(codec.MalformedData, match="not one that crosses"):
+            codec.decode(data)
 
 
-def test_forged_equal_values_fail_beside_the_solutions():
-    check = _check("torch.equal(mine, right)")
-    solution = [torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])]
-    assert check.passes(solution, solution)
-    forged = [torch.zeros(2), torch.zeros(2)]  # the sandbox says both sides were zeros
-    assert check.holds(forged) and not check.passes(forged, solution)
+def test_malformed_data_is_a_reason_whatever_it_holds():
+    for data in ({"$": "numpy", "dtype": "int64", "value": "x"}, {"$": "numpy", "dtype": "object", "value": 1},
+                 {"$": "dataclass", "classes": "x", "fields": {}}, {"$": "tuple", "items": {}}, [[[[[]]]]] * 3 + [{}]):
+        with pytest.raises(codec.MalformedData):
+            codec.decode(data)
 
 
-def test_forged_rows_of_a_comprehension_fail_column_by_column():
-    check = _check("all(torch.equal(p, q) for p, q in zip(yours, reference))")
-    assert check.rows == [True]
-    solution = [[[torch.ones(2), torch.ones(2)], [torch.zeros(1), torch.zeros(1)]]]
-    forged = [[[torch.full((2,), 7.0), torch.full((2,), 7.0)], [torch.ones(1), torch.ones(1)]]]
-    assert check.passes(solution, solution)
-    assert check.holds(forged) and not check.passes(forged, solution)
+def test_numpy_values_keep_their_type_namedtuples_and_sets_are_plain_data():
+    Update = collections.namedtuple("Update", "scale tracker")
+    value = Update(np.float32(0.1), np.int64(3))
+    back = codec.decode(json.loads(json.dumps(codec.encode(value))))
+    assert back == (np.float32(0.1), 3) and type(back[0]) is np.float32 and type(back[1]) is np.int64
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = codec.decode(codec.encode(array))
+    assert type(got) is np.ndarray and np.array_equal(got, array)
+    assert codec.decode(codec.encode({1.0, 2.5})) == {1.0, 2.5}
 
 
-def test_exact_checks_are_exact_and_toleranced_ones_keep_their_tolerance():
-    exact = _check("torch.equal(a, b)")
-    one = torch.tensor([1.0])
-    next_up = torch.nextafter(one, torch.tensor([2.0]))
-    assert exact.passes([one, one], [one, one]) and not exact.passes([next_up, one], [one, one])
-    (_,), (close,) = split_tests(["torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)"])
-    assert close.call
-    reference = torch.tensor([1000.0])
-    assert close.passes([reference * (1 + 5e-6), reference], [reference, reference])
-    assert not close.passes([reference * (1 + 5e-5), reference], [reference, reference])
-    isclose = _check("math.isclose(a, b, rel_tol=1e-9)")
-    assert isclose.holds([1.0, 1.0 + 1e-12]) and not isclose.holds([1.0, 1.0 + 1e-6])
+def test_a_subclass_of_an_expected_dataclass_arrives_as_that_dataclass():
+    from mpcourse.memory import MemoryBreakdown
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine(MemoryBreakdown):
+        note: str = "mine"
+    got = codec.decode(json.loads(json.dumps(codec.encode(Mine(1, 2, 3, 4, 5)))))
+    assert type(got) is MemoryBreakdown and got == MemoryBreakdown(1, 2, 3, 4, 5)
 
 
-def test_a_value_that_failed_or_is_not_data_fails_the_check():
-    check = _check("x == 3")
-    assert not check.holds([Opaque("GPT")])
-    assert check.passes([3], [Opaque("GPT")])  # a solution's value that is not data is not swapped in
-    assert not judge.beside_verdict(_plan("assert x == 3, 'three'"), "t",
-                                    {"checks": [{"k": 0, "leaves": [{"$": "leaf-error", "type": "KeyError"}],
-                                                 "names": {}}], "raised": None})[0]
+def _served(namespace):
+    return judge.local_call(namespace)
 
 
-def _plan(source, reference=None):
-    splits, checks = split_tests([source])
-    return judge.Plan({"t": False}, {"t": splits[0]}, checks, {"t": reference}, {})
+def test_models_optimizers_and_scalers_cross_as_data_and_their_changes_come_back():
+    def step(model, optimizer, scaler, x):
+        scaler.scale(model(x).float().pow(2).mean()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        x.add_(1)  # an input changed in place: the test sees it
+        return model
+
+    proxy = judge.AnswerProxy("step", _served({"step": step}))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    twin = copy.deepcopy(model)
+    adam, twin_adam = torch.optim.Adam(model.parameters(), lr=0.1), torch.optim.Adam(twin.parameters(), lr=0.1)
+    scaler, twin_scaler = torch.amp.GradScaler("cpu", growth_interval=1), torch.amp.GradScaler("cpu", growth_interval=1)
+    x = torch.randn(5, 3)
+    twin_x = x.clone()
+    returned = proxy(model, adam, scaler, x)
+    step(twin, twin_adam, twin_scaler, twin_x)
+    assert returned is model and torch.equal(x, twin_x)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+    assert scaler.get_scale() == twin_scaler.get_scale() == 2.0**17
+    assert torch.equal(adam.state_dict()["state"][0]["exp_avg"], twin_adam.state_dict()["state"][0]["exp_avg"])
 
 
-def test_the_reason_is_the_tests_own_message_with_the_submissions_text_quoted_and_cut():
-    plan = _plan('assert got == "ok", f"expected ok, got {got}"')
-    long = "x" * 10_000
-    passed, reason = judge.beside_verdict(plan, "t", {"checks": [
-        {"k": 0, "leaves": [long], "names": {"got": long}}], "raised": None})
-    assert not passed and reason.startswith("expected ok, got 'xxx") and len(reason) < 120
+def test_a_tests_own_hooks_stay_here_and_probes_report_by_name():
+    def run(model, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    seen = watch(model, output_dtypes="1", autocast_in_grad="0.weight", grad_before_forward="0.weight")
+    judge.AnswerProxy("run", _served({"run": run}))(model, torch.randn(2, 3))
+    assert seen == {"output_dtypes": [torch.bfloat16], "autocast_in_grad": [False], "grad_before_forward": [False]}
+    with pytest.raises(ValueError, match="unknown probes"):
+        watch(model, anything="0")
 
 
-def test_no_pass_flag_is_read_and_a_missing_check_fails():
-    source = "assert x == 1, 'one'\nassert y == 2, 'two'"
-    reference = {"checks": [{"k": 0, "leaves": [1], "names": {}}, {"k": 1, "leaves": [2], "names": {}}],
-                 "raised": None}
-    plan = _plan(source, reference)
-    assert judge.beside_verdict(plan, "t", reference) == (True, None)
-    dropped = {"checks": reference["checks"][:1], "raised": None, "passed": True, "reason": None}
-    assert judge.beside_verdict(plan, "t", dropped) == (False, "the test stopped before all of its checks ran")
-    raised = dict(reference, raised={"$": "raised", "type": "ZeroDivisionError", "message": "secret source"})
-    passed, reason = judge.beside_verdict(plan, "t", raised)
-    assert not passed and "ZeroDivisionError" in reason and "secret" not in reason
+def test_a_malformed_reply_fails_the_test_whatever_it_catches():
+    proxy = judge.AnswerProxy("f", lambda message: {"value": 1, "passed": True})
+    source = "try:\n    f()\nexcept Exception:\n    pass"
+    passed, reason = run_test(source, {"f": proxy}, "t", show_source=False)
+    assert not passed and "malformed answer" in reason
+    forged = judge.AnswerProxy("f", lambda message: {"value": {"$": "tensor", "dtype": "qint8", "shape": [],
+                                                                "data": ""}, "after": []})
+    passed, reason = run_test("f()", {"f": forged}, "t", show_source=False)
+    assert not passed and "qint8" in reason and "not one that crosses" in reason
 
 
-def test_a_helper_an_earlier_test_defined_logs_checks_the_grader_can_find():
-    splits, checks = split_tests(["def helper(v):\n    assert v > 0, 'positive'", "helper(3)"])
-    assert len(checks) == 1 and "__mpcourse_check__(0," in splits[0].source
+@pytest.mark.parametrize("form", ["str", "percent", "fstring", "format", "concatenation"])
+def test_quoted_text_is_cut_under_every_way_of_formatting_it(form):
+    value = Quoted("leak " * 100)
+    shown = {"str": lambda: "got " + str(value), "percent": lambda: "got %s" % value,
+             "fstring": lambda: f"got {value}", "format": lambda: "got {}".format(value),
+             "concatenation": lambda: "got " + value}[form]()
+    assert shown.startswith("got 'leak leak") and shown.endswith("'…") and len(shown) < 80, shown
+
+
+def test_every_string_is_quoted_however_deeply_nested():
+    value = quoted({"k": [("secret " * 50, ["hidden " * 50])]})
+    assert len(f"{value}") < 300 and "secret secret" in f"{value}" and "…" in f"{value}"
+
+
+def test_a_cell_keeping_a_tests_metadata_but_holding_other_code_is_the_learners():
+    exercise = EXERCISES["ex00"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(t.visible) for t in exercise.tests[:2]])
+    for cell, test in zip(nb.cells, exercise.tests):
+        cell.metadata["nbgrader"] = {"grade": True, "grade_id": test.id, "points": test.points}
+    nb.cells[1].source = "def helper():\n    return 2"
+    nb.cells.append(nbformat.v4.new_code_cell("from mpcourse.grading import check; check()"))
+    assert learner_cells(nb, exercise) == ["def helper():\n    return 2"]
 
 
 def test_an_exception_decodes_to_its_nearest_builtin_type_never_runtime_error():
@@ -174,16 +236,6 @@ def test_an_exception_decodes_to_its_nearest_builtin_type_never_runtime_error():
         pass
     unknown = codec.decode_error(codec.encode_error(PromotionError("cat")))
     assert not isinstance(unknown, RuntimeError) and isinstance(unknown, codec.UnknownError)
-
-
-def test_numpy_values_namedtuples_and_sets_are_plain_data():
-    Update = collections.namedtuple("Update", "scale tracker")
-    value = Update(np.float32(0.1), np.int64(3))
-    back = codec.decode(json.loads(json.dumps(codec.encode(value))))
-    assert back == (float(np.float32(0.1)), 3) and type(back[0]) is float and type(back[1]) is int
-    array = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert torch.equal(codec.decode(codec.encode(array)), torch.from_numpy(array))
-    assert codec.decode(codec.encode({1.0, 2.5})) == {1.0, 2.5}
 
 
 def test_a_hidden_tests_line_is_not_shown_when_its_assert_has_no_message():

@@ -25,7 +25,16 @@ class Test:
     """One graded test: its id, its points and its code (hidden lines included or not)."""
     id: str
     points: float
-    source: str
+    source: str          # hidden lines included
+    visible: str = ""    # as the learner's notebook shows it
+
+    def is_this(self, cell) -> bool:
+        """Whether a learner's cell is this test's cell: its metadata names the test and its
+        content is the test as released. A cell that keeps a test's metadata but holds other
+        code (what splitting a test cell leaves behind) is the learner's code."""
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id") if is_test_cell(cell) else None
+        return grade_id == self.id and (_same_code(cell.source, self.visible) or _same_code(
+            without_markers(cell.source, BEGIN_HIDDEN, END_HIDDEN), self.source))
 
 
 @dataclass(frozen=True)
@@ -35,10 +44,9 @@ class Exercise:
     setup: tuple[str, ...]  # the notebook's other code cells: imports and data the tests may use
     answer_names: tuple[str, ...]  # names the learner's code must define
     tests: tuple[Test, ...]
-    answer_cells: tuple[str, ...] = ()  # the solution's cells that define them, markers removed
     write_yourself: tuple[str, ...] = ()  # library objects the exercise asks for ("module:name", `stubs`)
-    in_place: tuple[str, ...] = ()  # answers asked to change an argument in place (tests compare it)
     by_hand: dict = field(default_factory=dict)  # answer -> dtypes it must make without torch's cast (notes)
+    code_cells: tuple[str, ...] = ()  # every code cell but the tests and check(), in order, markers removed
 
     @property
     def max_score(self) -> float:
@@ -52,7 +60,16 @@ def exercise_id(name: str) -> str | None:
 
 
 def is_test_cell(cell) -> bool:
-    return cell.cell_type == "code" and bool(cell.metadata.get("nbgrader", {}).get("grade"))
+    """Whether a cell's metadata says it is a test (its content decides too: `Test.is_this`)."""
+    nbgrader = cell.metadata.get("nbgrader") if cell.cell_type == "code" else None
+    return isinstance(nbgrader, dict) and bool(nbgrader.get("grade"))
+
+
+def _same_code(a: str, b: str) -> bool:
+    """Equal but for trailing spaces and blank lines (what editors change)."""
+    def lines(text):
+        return [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    return lines(a) == lines(b)
 
 
 CHECK_LINE = "from mpcourse.grading import check; check()"
@@ -115,7 +132,7 @@ def load_exercise(path: str | Path) -> Exercise:
     """Parse a solution notebook into setup code, answer names and tests."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    setup, answers, answer_cells, tests, seen = [], [], [], [], set()
+    setup, answers, tests, seen, code_cells = [], [], [], set(), []
     for index, cell in enumerate(nb.cells):
         where = f"{path.name}, cell {index}"
         if is_test_cell(cell):
@@ -128,20 +145,29 @@ def load_exercise(path: str | Path) -> Exercise:
                 raise ValueError(f"{where}: test id {test_id!r} is used twice")
             seen.add(test_id)
             visible(cell.source, where)  # validates the hidden-test markers
-            tests.append(Test(test_id, float(points), without_markers(cell.source, BEGIN_HIDDEN, END_HIDDEN)))
+            tests.append(Test(test_id, float(points), without_markers(cell.source, BEGIN_HIDDEN, END_HIDDEN),
+                              visible(cell.source, where)))
         elif has_solution(cell):
             code = without_markers(cell.source, BEGIN_SOLUTION, END_SOLUTION)
             replace_regions(cell.source, BEGIN_SOLUTION, END_SOLUTION, where=where)  # validates markers
             answers.extend(defined_names(code))
-            answer_cells.append(code)
+            code_cells.append(code)
         elif cell.cell_type == "code" and not is_check_cell(cell):
             setup.append(cell.source)
+            code_cells.append(cell.source)
     if not tests:
         raise ValueError(f"{path.name}: no test cells (cells with nbgrader grade metadata) found")
     meta = nb.metadata.get("mpcourse", {})
-    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests), tuple(answer_cells),
-                    tuple(meta.get("write_yourself", ())), tuple(meta.get("in_place", ())),
-                    {k: tuple(v) for k, v in meta.get("by_hand", {}).items()})
+    return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests),
+                    write_yourself=tuple(meta.get("write_yourself", ())),
+                    by_hand={k: tuple(v) for k, v in meta.get("by_hand", {}).items()}, code_cells=tuple(code_cells))
+
+
+def learner_cells(nb, exercise: Exercise) -> list[str]:
+    """The code cells of a learner's notebook that are the learner's code: all but the check()
+    cell and the cells that are the exercise's tests, by metadata and content together."""
+    return [c.source for c in nb.cells if c.cell_type == "code" and not is_check_cell(c)
+            and not any(test.is_this(c) for test in exercise.tests)]
 
 
 def defined_names(code: str) -> list[str]:

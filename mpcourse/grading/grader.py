@@ -6,10 +6,10 @@ For each submission:
    A path that leads into the solutions folder (through a link anywhere in it) is refused.
 2. The submission's code cells run in a fresh worker inside a sandbox (`sandbox`). A cell that
    kills its process is skipped and the worker restarted, as a learner would restart a kernel.
-3. Each test runs either here, with the learner's functions called through the sandbox, or
-   beside the learner's answers in a second fresh sandbox, its log of calls compared here with
-   the solution's (`judge`). Either way the verdict is computed in this process. Each test has
-   its own time limit: a test that runs out fails alone, and the points earned before it stay.
+3. Each test runs here, with the learner's functions called through the sandbox on data
+   (`judge`): no test code enters the sandbox, and the verdict is computed in this process. Each
+   test has its own time limit: a test that runs out fails alone, and the points earned before
+   it stay.
 4. Whatever happens, the submission gets a score and a one-line reason, and grading goes on.
    Each submission is graded in a process of its own, with its own memory and time limit
    (`pool`); one that cannot be graded is reported, and the exit status says so. The gradebook
@@ -28,8 +28,7 @@ from pathlib import Path
 import nbformat
 
 from mpcourse.grading import cgroup, judge
-from mpcourse.grading.exercise import (Exercise, exercise_id, find_solutions, is_check_cell,
-                                       is_test_cell, load_exercise)
+from mpcourse.grading.exercise import Exercise, exercise_id, find_solutions, learner_cells, load_exercise
 from mpcourse.grading.gradebook import (SubmissionResult, format_result, format_summary, not_graded_report,
                                        write_gradebook)
 from mpcourse.grading.pool import OutOfTime, grade_in_processes
@@ -142,41 +141,16 @@ def _read_submission(path: Path, notes: list) -> nbformat.NotebookNode:
 
 def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: list, verdicts: dict) -> str | None:
     """Fill `verdicts` (test id -> (passed, reason)) test by test; return the first cell error.
-    On a timeout or a failure, the verdicts already filled stay."""
-    cells = [c.source for c in nb.cells if c.cell_type == "code" and not is_test_cell(c) and not is_check_cell(c)]
-    first_error = None
-    in_grader = [t for t in exercise.tests if plan.plain.get(t.id)]
-    beside = [t for t in exercise.tests if not plan.plain.get(t.id)]
-    if in_grader:
-        with NotebookRunner(cells, options, notes, exercise.write_yourself) as runner:
-            first_error = runner.first_error
-            namespace = judge.grader_namespace(exercise, plan, runner.request)
-            for test in in_grader:
-                runner.begin_test()
-                verdicts[test.id] = judge.run_in_grader(test, namespace)
-            notes.extend(judge.evidence_notes(namespace))
-    if beside:
-        deadline = time.monotonic() + options.timeout * (1 + len(beside))  # the cells', then each test's
-        try:
-            with Sandbox(options.limits, deadline, options.sandboxed) as worker:
-                reply = judge.record_beside(worker, exercise, cells, beside, plan.splits, deadline)
-        except WorkerGone as gone:
-            _raise_if_timed_out(gone, options)
-            reply = {"gone": str(gone)}
-        except RequestFailed as failed:
-            reply = {"gone": str(failed)}
-        got = reply.get("tests") if type(reply.get("tests")) is list and len(reply["tests"]) == len(beside) else None
-        for index, test in enumerate(beside):
-            if "gone" in reply:
-                verdicts[test.id] = (False, reply["gone"])
-            elif got is None or type(got[index]) is not dict:
-                verdicts[test.id] = (False, "the sandbox sent no result for this test")
-            else:
-                verdicts[test.id] = judge.beside_verdict(plan, test.id, got[index])
-        errors = reply.get("errors")
-        if first_error is None and type(errors) is list and errors and type(errors[0]) is str:
-            first_error = "a code cell raised " + first_line(errors[0], 200)
-    return first_error
+    The learner's cells run in the sandbox; every test runs here, calling the learner's functions
+    through it (`judge`). On a timeout or a failure, the verdicts already filled stay."""
+    with NotebookRunner(learner_cells(nb, exercise), options, notes, exercise.write_yourself) as runner:
+        runner.begin_test()  # the setup's own time, as a test's
+        namespace, proxies = judge.grader_namespace(exercise, runner.request)
+        for test in exercise.tests:
+            runner.begin_test()
+            verdicts[test.id] = judge.run_tests([test], namespace)[0]
+        notes.extend(judge.evidence_notes(proxies))
+        return runner.first_error
 
 
 def _raise_if_timed_out(gone: WorkerGone, options: Options):

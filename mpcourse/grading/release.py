@@ -9,8 +9,8 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, find_solutions,
-                                       is_test_cell, replace_regions, visible)
+from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, find_solutions, has_solution,
+                                       is_check_cell, is_test_cell, replace_regions, visible, without_markers)
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 
@@ -18,6 +18,10 @@ STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The learner's version of a solution notebook named `name` (e.g. "ex00_bytes")."""
     nb = nbformat.from_dict(solution)  # a deep copy
+    answers = [n for c in nb.cells if has_solution(c) for n in defined_names(without_markers(
+        c.source, BEGIN_SOLUTION, END_SOLUTION))]
+    setup = [c.get("id") for c in nb.cells if c.cell_type == "code" and not is_test_cell(c)
+             and not has_solution(c) and not is_check_cell(c)]
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         cell.metadata.pop("execution", None)
@@ -31,7 +35,10 @@ def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.Not
         cell.outputs = []
         cell.execution_count = None
     asked = solution.metadata.get("mpcourse", {}).get("write_yourself")
-    nb.metadata["mpcourse"] = {"exercise": name, **({"write_yourself": list(asked)} if asked else {})}
+    # what check() needs to build the tests' namespace as the grader does: the answers to ask
+    # the kernel for, and the cells (by id) that the tests' setup is made of
+    nb.metadata["mpcourse"] = {"exercise": name, "answers": list(dict.fromkeys(answers)), "setup": setup,
+                               **({"write_yourself": list(asked)} if asked else {})}
     return nb
 
 

@@ -5,14 +5,15 @@ import html
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 
-from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, has_code, has_solution,
+from mpcourse.grading import judge
+from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names, has_code, has_solution,
                                        is_test_cell, visible, without_markers)
 from mpcourse.grading.release import STUB
 from mpcourse.grading.stubs import write_yourself
-from mpcourse.grading.verdict import run_test
 
 
 @dataclass(frozen=True)
@@ -68,30 +69,38 @@ def check(notebook: str | os.PathLike | None = None) -> Score:
     """Run this exercise's visible tests against the definitions in the running notebook.
 
     The notebook is found from the session Jupyter gives the kernel; outside JupyterLab, pass
-    its path.
+    its path. The tests run as the grader runs them (`judge`): the released setup cells build
+    their namespace, and the learner's functions are called through the same data the sandbox
+    serves, so a test sees the same types and changes here as when the work is graded.
     """
     shell = _shell()
     path = Path(notebook) if notebook else _this_notebook(shell)
     nb = nbformat.read(path, as_version=4)
+    meta = nb.metadata.get("mpcourse", {})
     if hasattr(shell, "run_cell"):  # in the learner's kernel, as in the grader's sandbox (not in a test run)
-        write_yourself(nb.metadata.get("mpcourse", {}).get("write_yourself", ()))
-    # One namespace for all tests, in notebook order, as when the cells run: a test may use a
-    # helper an earlier test cell defined. It is a copy, so the learner's own names stay put.
-    namespace = dict(shell.user_ns) if shell is not None else {}
-    results, hidden_points = [], 0.0
+        write_yourself(meta.get("write_yourself", ()))
+    if "answers" not in meta or "setup" not in meta:
+        raise ValueError(f"{path} lacks the metadata `mpcourse release` writes (its answers and setup cells): "
+                         "take a fresh copy of the exercise")
+    tests, hidden_points = [], 0.0
     for cell in nb.cells:
         if not is_test_cell(cell):
             continue
-        meta = cell.metadata["nbgrader"]
-        points, source = float(meta["points"]), visible(cell.source)
-        if not has_code(source):
+        meta_test = cell.metadata["nbgrader"]
+        points, source = float(meta_test["points"]), visible(cell.source)
+        if has_code(source):
+            tests.append(Test(meta_test["grade_id"], points, source, source))
+        else:
             hidden_points += points
-            continue
-        passed, reason = run_test(source, namespace, meta["grade_id"])
-        results.append(TestResult(meta["grade_id"], points if passed else 0.0, points, passed, reason))
-    if not results and not hidden_points:
+    if not tests and not hidden_points:
         raise ValueError(f"{path} has no graded test cells, so there is nothing to check")
-    return Score(tuple(results), hidden_points)
+    setup_ids = set(meta["setup"])
+    exercise = SimpleNamespace(answer_names=tuple(meta["answers"]), by_hand={},
+                               setup=[c.source for c in nb.cells if c.get("id") in setup_ids])
+    namespace, _ = judge.grader_namespace(exercise, judge.local_call(shell.user_ns if shell is not None else {}))
+    verdicts = judge.run_tests(tests, namespace, show_source=True)
+    return Score(tuple(TestResult(t.id, t.points if passed else 0.0, t.points, passed, reason)
+                       for t, (passed, reason) in zip(tests, verdicts)), hidden_points)
 
 
 def _shell():

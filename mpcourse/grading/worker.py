@@ -8,10 +8,11 @@ sets its resource limits and, started as root, becomes an unprivileged user.
 Nothing here is trusted: the learner's code runs in this process and may change any of it. The
 grader treats every reply as untrusted data (`codec.decode`), never as a verdict.
 
-Requests (`op`): `run_cell` (a learner's code cell), `describe` (what each answer name holds),
-`value`, `call` and `code_names` (one answer, for a test running in the grader), `load` (the
-setup and every code cell of the learner, for model tests) and `record` (run model tests, as
-`checks.split_test` rewrote them, and log the values their checks are made of).
+Requests (`op`): `run_cell` (a learner's code cell), `stub` (the library answers the exercise asks
+for), `describe` (what each answer name holds), `value`, `call` and `code_names` (one answer, for
+a test running in the grader). A `call` brings its arguments as data (`codec.Sender`): the models,
+optimizers and scalers a test hands the learner's function are rebuilt here from their classes
+and states, and their states after the call go back. No test code ever comes here.
 """
 import importlib.util
 import json
@@ -54,119 +55,26 @@ def confine(limits):
         os.setuid(user)
 
 
-class Recorder:
-    """An answer wrapped so that each call a test makes is logged: whether it could have gone
-    through plain data (`codec.encode`) instead. The trusted run of the solution uses this to
-    choose where each test runs (`judge.calibrate`). Calls an answer makes to another answer are
-    not logged: only the test's own calls count.
-    """
-    depth = 0
+class Answers:
+    """The requests about the learner's answers, on a namespace: what a test running elsewhere
+    may ask of them. `check()` serves the same requests in the learner's kernel (`handle`), so a
+    test meets the learner's functions through the same data in both places."""
 
-    def __init__(self, name, target, log):
-        self._name, self._target, self._log = name, target, log
+    OPS = ("describe", "value", "call", "code_names")
 
-    def __call__(self, *args, **kwargs):
-        if Recorder.depth:
-            return self._target(*args, **kwargs)
-        before = _plain_shape((args, kwargs))
-        Recorder.depth += 1
+    def __init__(self, namespace):
+        self.namespace = namespace
+
+    def handle(self, request):
+        """One request (a dict with "op") to its reply; a failure is a reply saying what failed."""
+        request = dict(request)
+        op = request.pop("op", None)
+        if op not in self.OPS + getattr(self, "MORE_OPS", ()):
+            return {"failed": f"unknown request {str(op)[:40]!r}"}
         try:
-            result = self._target(*args, **kwargs)
-        except BaseException:
-            self._log.append({"call": self._name, "plain": before is not None})
-            raise
-        finally:
-            Recorder.depth -= 1
-        plain = before is not None and before == _plain_shape((args, kwargs)) and _plain_shape(result) is not None
-        self._log.append({"call": self._name, "plain": plain})
-        return result
-
-    def __getattr__(self, attribute):
-        if attribute != "__code__":  # the grader can answer __code__ for a test it runs itself
-            self._log.append({"call": self._name, "attribute": attribute, "plain": False})
-        return getattr(self._target, attribute)
-
-
-def _plain_shape(value):
-    """`value` as plain data with tensor contents left out (in-place tensor changes are carried
-    back separately), or None if it is not plain data."""
-    try:
-        encoded = codec.encode(value)
-    except codec.NotPlainData:
-        return None
-    return _strip_data(encoded)
-
-
-def _strip_data(encoded):
-    if isinstance(encoded, list):
-        return "[" + ",".join(_strip_data(v) for v in encoded) + "]"
-    if isinstance(encoded, dict):
-        return "{" + ",".join(f"{k}:{_strip_data(v)}" for k, v in encoded.items() if k != "data") + "}"
-    return json.dumps(encoded)
-
-
-# ---- a model test's checks, as `checks.split_test` rewrote them: values logged, never judged ----
-
-MAX_NAME_CHARS = 4000  # a message's value bigger than this is logged by its type only
-
-
-class _Rows:
-    def __init__(self, rows):
-        self.rows = rows
-
-
-class _LeafError:
-    def __init__(self, error):
-        self.type = type(error).__name__
-
-
-def _tried(thunk):
-    try:
-        return thunk()
-    except Exception as error:  # noqa: BLE001: the grader decides what a failed value means
-        return _LeafError(error)
-
-
-def _encode_leaf(value):
-    if isinstance(value, _Rows):
-        return {"$": "rows", "items": [[_encode_leaf(v) for v in row] for row in value.rows]}
-    if isinstance(value, _LeafError):
-        return {"$": "leaf-error", "type": value.type}
-    if isinstance(value, BaseException):
-        return codec.encode_error(value)
-    try:
-        return codec.encode(value)
-    except Exception:  # noqa: BLE001: not plain data, or a value that fails to encode
-        return {"$": "opaque", "type": type(value).__name__}
-
-
-def _check_logger(entries):
-    def check(number, leaves, names):
-        logged = {}
-        for name, thunk in names:
-            encoded = _encode_leaf(_tried(thunk))
-            logged[name] = encoded if len(dumps(encoded)) <= MAX_NAME_CHARS else {"$": "opaque", "type": "large"}
-        entries.append({"k": number, "leaves": [_encode_leaf(_tried(t)) for t in leaves], "names": logged})
-    return check
-
-
-class Worker:
-    """The requests this process serves, one method each, on an IPython shell's namespace (so a
-    learner's `%` magics and `display()` work as in Jupyter)."""
-
-    def __init__(self):
-        from IPython.core.interactiveshell import InteractiveShell
-        from traitlets.config import Config
-        config = Config()
-        config.HistoryManager.enabled = False  # no history database, in the sandbox or anywhere else
-        self.shell = InteractiveShell.instance(config=config, colors="NoColor")
-        self.shell.enable_gui = lambda gui=None: None  # `%matplotlib inline` needs no event loop, as in Jupyter
-        self.namespace = self.shell.user_ns
-
-    def run_cell(self, source):
-        result = self.shell.run_cell(source, store_history=False)
-        error = result.error_before_exec or result.error_in_exec
-        return {"error": None if error is None else _describe(error)}
+            return getattr(self, op)(**request)
+        except BaseException as error:  # noqa: BLE001: the reply says what went wrong
+            return {"failed": _describe(error)}
 
     def describe(self, names):
         return {"kinds": {n: ("missing" if n not in self.namespace else
@@ -181,64 +89,54 @@ class Worker:
         return {"value": codec.encode(self.answer(name))}
 
     def call(self, name, args, kwargs, watch=()):
-        """Call one answer on a copy of the test's arguments. `watch`: dtypes the exercise asks
-        the learner to produce by hand; a torch op making a tensor of one becomes evidence (data
-        for an instructor's note, never a verdict: this process could hide it)."""
-        args, kwargs = codec.decode(args), codec.decode(kwargs)
-        tensors = codec.tensors_in((args, kwargs))
-        before = [t.clone() for t in tensors]
+        """Call one answer on objects rebuilt from the test's arguments (`codec.Receiver`); reply
+        with its result or exception and every object's state after the call. `watch`: dtypes
+        the exercise asks the learner to produce by hand; a torch op making a tensor of one
+        becomes evidence (data for an instructor's note, never a verdict: this process could
+        hide it)."""
+        receiver = codec.Receiver()
+        args, kwargs = receiver.decode(args), receiver.decode(kwargs)
+        if type(args) is not list or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
+            raise codec.MalformedData("a call's arguments are a list and a dict of names")
         watcher = _CastWatcher(watch)
         try:
             with watcher:
-                reply = {"value": codec.encode(self.answer(name)(*args, **kwargs))}
-        except Exception as error:
+                result = self.answer(name)(*args, **kwargs)
+            reply = {"value": receiver.encode_result(result)}
+        except Exception as error:  # noqa: BLE001: the test decides what an exception means
             reply = {"raised": codec.encode_error(error)}
         reply["evidence"] = sorted(watcher.seen)[:8]
-        reply["mutated"] = [[i, codec.encode(t)] for i, (t, b) in enumerate(zip(tensors, before))
-                            if t.shape != b.shape or t.dtype != b.dtype or not _same_bits(t, b)]
+        reply["after"] = receiver.after()
         return reply
 
     def code_names(self, name):
         return {"names": [str(n) for n in getattr(self.answer(name), "__code__").co_names]}
 
+
+class Worker(Answers):
+    """The requests this process serves, on an IPython shell's namespace (so a learner's `%`
+    magics and `display()` work as in Jupyter): the answers', and running the learner's cells."""
+
+    MORE_OPS = ("run_cell", "stub")
+
+    def __init__(self):
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+        config = Config()
+        config.HistoryManager.enabled = False  # no history database, in the sandbox or anywhere else
+        shell = InteractiveShell.instance(config=config, colors="NoColor")
+        shell.enable_gui = lambda gui=None: None  # `%matplotlib inline` needs no event loop, as in Jupyter
+        super().__init__(shell.user_ns)
+        self.shell = shell
+
+    def run_cell(self, source):
+        result = self.shell.run_cell(source, store_history=False)
+        error = result.error_before_exec or result.error_in_exec
+        return {"error": None if error is None else _describe(error)}
+
     def stub(self, targets):
         """The library objects the exercise asks the learner to write become stubs (`stubs`)."""
         return {"stubbed": stubs.write_yourself(targets)}
-
-    def load(self, setup, cells, write_yourself=()):
-        """The setup, every code cell of the learner (as Jupyter runs them), the setup again (its
-        helpers as the tests expect them); return the cells' errors."""
-        stubs.write_yourself(write_yourself)
-        for cell in setup:  # imports and helpers first: an answer's defaults may use them
-            verdict.run_test(cell, self.namespace, "setup")
-        errors = [e for e in (self.run_cell(c)["error"] for c in cells) if e]
-        for cell in setup:
-            verdict.run_test(cell, self.namespace, "setup")
-        return {"errors": errors}
-
-    def record(self, answers, tests, log_calls=False):
-        """Run tests rewritten by `checks.split_test` beside the answers; per test, the values of
-        its checks and the exception that ended it, if any (and, for the trusted run of the
-        solution, whether each call of an answer could go through plain data)."""
-        # The tests get their own namespace: what they define (hidden helpers included) is not
-        # among the globals of the learner's functions.
-        calls, out, tests_namespace = [], [], dict(self.namespace)
-        if log_calls:
-            for name in answers:
-                if name in self.namespace and callable(self.namespace[name]):
-                    tests_namespace[name] = Recorder(name, self.namespace[name], calls)
-        tests_namespace.update(__mpcourse_rows__=_Rows, __mpcourse_try__=_tried)
-        for test_id, source in tests:
-            calls.clear()
-            entries = []
-            tests_namespace["__mpcourse_check__"] = _check_logger(entries)
-            try:
-                exec(compile(source, "<test>", "exec"), tests_namespace)
-                raised = None
-            except BaseException as error:  # noqa: BLE001: the grader decides
-                raised = codec.encode_error(error)
-            out.append({"id": test_id, "checks": entries, "raised": raised, "calls": list(calls)})
-        return {"tests": out}
 
 
 class _CastWatcher(TorchDispatchMode):
@@ -268,10 +166,6 @@ def _describe(error):
     return type(error).__name__ + (": " + message if message else "")
 
 
-def _same_bits(a, b):
-    return a.numel() == 0 or a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8))
-
-
 def main():
     limits = loads(sys.argv[1])
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -286,11 +180,8 @@ def main():
     replies.flush()
     for line in requests:
         request = loads(line)
-        op, number = request.pop("op"), request.pop("id")
-        try:
-            reply = getattr(worker, op)(**request)
-        except BaseException as error:  # noqa: BLE001: the reply says what went wrong
-            reply = {"failed": _describe(error)}
+        number = request.pop("id")
+        reply = worker.handle(request)
         replies.write(dumps(dict(reply, id=number)) + "\n")
         replies.flush()
 
