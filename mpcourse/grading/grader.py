@@ -168,14 +168,17 @@ def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: li
     first_error = None
     in_grader = [t for t in exercise.tests if plan.plain.get(t.id)]
     beside = [t for t in exercise.tests if not plan.plain.get(t.id)]
-    if in_grader:
-        with NotebookRunner(cells, options, notes, exercise.write_yourself) as runner:
-            first_error = runner.first_error
-            namespace = judge.grader_namespace(exercise, plan, runner.request)
-            for test in in_grader:
-                runner.begin_test(test.id)
-                verdicts[test.id] = judge.run_in_grader(test, namespace)
+    # The cells run one by one first, each start with its own budget, even when every test runs
+    # beside them: a cell that never ends is named, and one that kills its process is left out.
+    with NotebookRunner(cells, options, notes, exercise.write_yourself) as runner:
+        first_error = runner.first_error
+        namespace = judge.grader_namespace(exercise, plan, runner.request) if in_grader else {}
+        for test in in_grader:
+            runner.begin_test(test.id)
+            verdicts[test.id] = judge.run_in_grader(test, namespace)
+        if in_grader:
             notes.extend(judge.evidence_notes(namespace))
+    cells = [source for index, source in enumerate(cells) if index not in runner.skipped]
     if beside:
         what = f"the code cells and the {len(beside)} model test(s) run beside them"
         budget = Budget(options.timeout * (1 + len(beside)), what, options.wall_factor)  # the cells', then each test's
@@ -205,7 +208,7 @@ def _raise_if_timed_out(gone: WorkerGone, what: str):
     """Running out of time ends the submission, with a reason naming `what` ran out and its
     budget; dying or flooding costs only what was running."""
     if gone.timed_out:
-        raise SubmissionFailed(f"timed out: {what} {gone.overrun} (an endless loop?)")
+        raise SubmissionFailed(f"timed out: {what} {gone.overrun}")
 
 
 class NotebookRunner:

@@ -132,12 +132,13 @@ class Budget:
         used = sandbox.cpu_seconds()
         start = self._start.setdefault(id(sandbox), used)
         if used - start > self.cpu:
-            return f"ran past its budget of {self.cpu:g} s of CPU time"
+            return f"ran past its budget of {self.cpu:g} s of CPU time (an endless loop?)"
         if time.monotonic() >= self.wall_end:
             if math.isinf(self.cpu):
                 return f"ran past its deadline of {self.wall:.0f} s"
-            return (f"ran past the {self.wall:.0f} s wall-clock backstop of its {self.cpu:g} s CPU budget "
-                    f"(it used {used - start:.0f} s of CPU: waiting, or a machine busier than {self.wall / self.cpu:g}x)")
+            return (f"ran past the {self.wall:.0f} s wall-clock backstop of its {self.cpu:g} s CPU budget, "
+                    f"having used {used - start:.0f} s of CPU (it waits, or the machine is over "
+                    f"{self.wall / self.cpu:g}x busy)")
         return None
 
     def wait(self) -> float:
