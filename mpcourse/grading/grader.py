@@ -288,11 +288,15 @@ class NotebookRunner:
         try:
             return self.worker.request(message, self.budget)
         except WorkerGone as gone:
-            what = (gone.overrun.replace("its budget", "the test's budget", 1) if gone.timed_out
-                    else str(gone).removeprefix("the submission's process "))
             self.lost = True
-            raise judge.SandboxFailure(f"the submission's process {what} while running "
-                                       f"{message.get('name', 'the test')}") from None
+            name, budget = str(message.get("name", "the test's call")), self.budget
+            if not gone.timed_out:
+                raise judge.SandboxFailure(f"{gone} while running {name}") from None
+            if "backstop" in gone.overrun:  # the budget first: a reason may be cut short
+                raise judge.SandboxFailure(f"{name} ran past the test's wall-clock backstop of {budget.wall:.0f} s "
+                                           f"(a {budget.cpu:g} s CPU budget; it waits?)") from None
+            raise judge.SandboxFailure(f"{name} ran past the test's budget of {budget.cpu:g} s of CPU time "
+                                       "(an endless loop?)") from None
 
     def __enter__(self):
         return self
