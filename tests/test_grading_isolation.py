@@ -424,5 +424,5 @@ def test_gradescope_checks_and_grades_in_the_fallback_where_namespaces_are_refus
     next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source).source = HOSTILE_ANSWER
     results = run_autograder(root, ("ex00_bytes.ipynb", nbformat.writes(nb)))
     assert sum(t["score"] for t in results["tests"]) == 1, results["output"]  # the honest part: fp32 only
-    assert sandbox_processes() == [], "a detached process outlived the fallback sandbox"
+    assert sandbox_processes("results.json") == [], "a detached process outlived the fallback sandbox"
     assert "forged" not in (root / "results" / "results.json").read_text()
