@@ -377,8 +377,9 @@ def fallback(tmp_path_factory):
                            "30", "--jobs", "2", "--json", *paths], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=backstop(paths, 30, jobs=2))
     after = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
-    return SimpleNamespace(done=done, manifest=manifest, changed=sorted(k for k in digests if after.get(k) != digests[k]),
-                           survivors=sandbox_processes("613.371"), files=_sandbox_files())
+    changed = sorted(name for name in digests if after.get(name) != digests[name])
+    return SimpleNamespace(done=done, manifest=manifest, changed=changed, survivors=sandbox_processes("613.371"),
+                           files=_sandbox_files())
 
 
 @ROOT_ONLY

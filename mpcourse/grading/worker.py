@@ -41,9 +41,10 @@ dumps, loads = json.dumps, json.loads  # taken before any learner code can repla
 def confine(limits):
     """Resource limits, the walls and the seccomp filter when no bubblewrap made them (the
     fallback sandbox: `landlock`, `seccomp.install`), then (when root) the sandbox's own
-    unprivileged uid, no other sandbox's: before any learner code runs. RLIMIT_NPROC counts the uid's threads, so with a uid per sandbox it bounds this
-    sandbox alone; RLIMIT_NOFILE bounds the pipes and sockets (and so the kernel buffers) it can
-    hold; RLIMIT_CPU bounds each process (the grader's budgets count the sandbox as a whole)."""
+    unprivileged uid, no other sandbox's: before any learner code runs. RLIMIT_NPROC counts the
+    uid's threads, so with a uid per sandbox it bounds this sandbox alone; RLIMIT_NOFILE bounds
+    the pipes and sockets (and so the kernel buffers) it can hold; RLIMIT_CPU bounds each process
+    (the grader's budgets count the sandbox as a whole)."""
     for name, value in (("RLIMIT_AS", limits.get("memory")), ("RLIMIT_CPU", limits.get("cpu")),
                         ("RLIMIT_FSIZE", limits.get("file_size")), ("RLIMIT_NPROC", limits.get("processes")),
                         ("RLIMIT_NOFILE", limits.get("open_files")), ("RLIMIT_CORE", 0)):
