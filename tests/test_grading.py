@@ -190,7 +190,9 @@ def test_timeouts_name_what_ran_out_and_the_budget_it_had(graded):
     printing = graded.submissions["ex00_endless_print_cell"]
     assert printing["score"] == 4 and any("code cell 4 stopped" in note for note in printing["notes"]), printing
     slow = {t["id"]: t["reason"] for t in graded.submissions["ex00_slow_tests"]["tests"]}
-    assert "tensor_bytes ran past the test's budget of 30 s of CPU time" in slow["any_size_matches_torch"], slow
+    # its 30 s of CPU time, or, on a machine over 5x oversubscribed, the wall-clock backstop first
+    endless_test = slow["any_size_matches_torch"]
+    assert "tensor_bytes ran past the test's" in endless_test and "30 s" in endless_test, slow
     assert slow["fp16_ten_million"] is None  # it waited 20 s: wall clock, not CPU time
     endless = graded.submissions["ex04_endless_loop"]["error"]
     assert endless.startswith("timed out: code cell ") and " 30 s " in endless, endless
