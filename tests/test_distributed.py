@@ -4,6 +4,10 @@ All runs share one torchrun launch (starting processes costs more than the runs)
 time; each is compared with single-process training on the same global batch.
 """
 import dataclasses
+import functools
+import subprocess
+import sys
+import time
 
 import matplotlib.pyplot as plt
 import pytest
@@ -27,11 +31,22 @@ RUNS = {"ddp": DistributedRun("ddp"), "ddp_fp16": DistributedRun("ddp", "fp16"),
 # FP32 all-reduce only reorders sums; the hooks round gradients to 16 bits (fp16 keeps 11
 # significant bits, bf16 8); FSDP2's bf16 policy also computes the forward and backward in bf16.
 TOLERANCE = {"ddp": 1e-5, "ddp_fp16": 5e-4, "ddp_bf16": 5e-3, "fsdp2": 3e-2}
+LAUNCH_MARGIN = 30  # a launch may take this many times what starting its processes takes now
+
+
+@functools.lru_cache(maxsize=None)
+def launch_backstop(nproc: int = 2) -> float:
+    """Wall-clock seconds after which a launch is surely stuck, derived from this machine as it
+    is now (never a fixed number a busy machine could outrun): what starting one Python with
+    torch.distributed takes here, for torchrun and each process, times LAUNCH_MARGIN."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)
+    return (time.perf_counter() - start) * (nproc + 1) * LAUNCH_MARGIN
 
 
 @pytest.fixture(scope="module")
 def results():
-    measured = launch(list(RUNS.values()), CONFIG, nproc=2, timeout_s=120)
+    measured = launch(list(RUNS.values()), CONFIG, nproc=2, timeout_s=launch_backstop() * len(RUNS))
     return dict(zip(RUNS, measured))
 
 
@@ -261,7 +276,7 @@ def test_ddp_runs_the_whole_recipe_of_the_one_loop_autocast_scaling_and_clipping
     scaling and gradient clipping give the losses of one process on the whole batch."""
     config = dataclasses.replace(CONFIG, precision="bf16", loss_scaling="dynamic", grad_clip=0.05,
                                  steps=8)
-    (distributed,) = launch([RUNS["ddp"]], config, nproc=2, timeout_s=120)
+    (distributed,) = launch([RUNS["ddp"]], config, nproc=2, timeout_s=launch_backstop())
     alone = train(config).losses
     unclipped = train(dataclasses.replace(config, grad_clip=None)).losses
     assert len(distributed.losses) == config.steps

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,10 +17,12 @@ import nbformat
 import pytest
 import torch
 
+from grading_budgets import backstop, cpu_hogs, sandbox_processes, stop
 from mpcourse.grading import codec, gradebook, judge
 from mpcourse.grading import selfcheck as check_module
 from mpcourse.grading.exercise import HIDDEN_NOTE, load_exercise
 from mpcourse.grading.release import release_all, release_notebook
+from mpcourse.grading.sandbox import Budget
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -29,9 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
 
 
-def _mpcourse(*args, env=None):
+def _mpcourse(*args, env=None, timeout=60.0, jobs=1):
+    """`mpcourse grade ...` with `--timeout TIMEOUT --jobs JOBS`, waited for as long as the
+    grader's own backstops allow."""
+    paths = [a for a in args if str(a).endswith(".ipynb")]
     return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=600)
+                          cwd=ROOT, env=env, timeout=backstop(paths, timeout, jobs))
 
 
 def _test_cell(source, grade_id="t", points=1):
@@ -116,17 +120,6 @@ def _digests(folder):
     return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*")) if p.is_file()}
 
 
-def _survivors():
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if SLEEP_MARKER.encode() in cmdline.read_bytes():
-                found.append(cmdline.parent.name)
-        except OSError:
-            pass
-    return found
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grading")
@@ -140,15 +133,21 @@ def graded(tmp_path_factory):
     paths = [submissions / f"{name}.ipynb" for name in first] + sorted(
         submissions / f"{name}.ipynb" for name in MANIFEST if name not in first + ["ex00_partial"]) + \
         [submissions / "ex00_partial.ipynb"]
-    result = _mpcourse("grade", *map(str, paths), "--solutions", str(solutions), "--timeout", "30",
-                       "--jobs", "2", "--json", "--csv", str(tmp / "grades.csv"), env=env)
+    # beside two CPU hogs: the budgets are CPU time of each sandbox, so every score is MANIFEST's
+    # (what an idle machine gives), only later
+    hogs = cpu_hogs(2)
+    try:
+        result = _mpcourse("grade", *map(str, paths), "--solutions", str(solutions), "--timeout", "30",
+                           "--jobs", "2", "--json", "--csv", str(tmp / "grades.csv"), env=env, timeout=30, jobs=2)
+    finally:
+        stop(hogs)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    time.sleep(1)  # a detached process would have had time to act
+    # no sleep for a detached process to act: `survivors` shows none is left that could
     return SimpleNamespace(
         submissions={Path(s["path"]).stem: s for s in report["submissions"]}, gradebook=tmp / "grades.csv",
         before=before, after={"solutions": _digests(solutions), "submissions": _digests(submissions)},
-        survivors=_survivors(), solutions=solutions, tmp=tmp)
+        survivors=sandbox_processes(SLEEP_MARKER), solutions=solutions, tmp=tmp)
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST))
@@ -182,6 +181,23 @@ def test_a_killed_cell_is_skipped_and_noted(graded):
     # whichever sees the bytes first on a busy machine; either way the cell is stopped and noted
     huge = graded.submissions["ex00_huge_output"]["notes"]
     assert any("printed more than 32 MiB" in note or "sent a reply line over 16 MiB" in note for note in huge), huge
+
+
+def test_timeouts_name_what_ran_out_and_the_budget_it_had(graded):
+    """Issue 33: a skipped cell's restart gets a fresh budget; a timeout names the cell or the
+    test's call, and the budget (--timeout 30 here): one --timeout for an endless cell of ex04,
+    whose tests all run beside the cells, not one per test."""
+    printing = graded.submissions["ex00_endless_print_cell"]
+    assert printing["score"] == 4 and any("code cell 4 stopped" in note for note in printing["notes"]), printing
+    slow = {t["id"]: t["reason"] for t in graded.submissions["ex00_slow_tests"]["tests"]}
+    # its 30 s of CPU time, or, on a machine over 5x oversubscribed, the wall-clock backstop first
+    endless_test = slow["any_size_matches_torch"]
+    assert "tensor_bytes ran past the test's" in endless_test and "30 s" in endless_test, slow
+    assert slow["fp16_ten_million"] is None  # it waited 20 s: wall clock, not CPU time
+    endless = graded.submissions["ex04_endless_loop"]["error"]
+    assert endless.startswith("timed out: code cell ") and " 30 s " in endless, endless
+    spinners = graded.submissions["ex00_setsid_spinners"]["error"]
+    assert spinners.startswith("timed out: code cell 4 ran past") and "30 s" in spinners, spinners
 
 
 def test_failing_tests_say_why(graded):
@@ -261,17 +277,24 @@ def test_gradebook_has_a_row_per_test_escapes_formulas_and_control_characters(gr
 
 def test_an_untouched_exercise_still_scores_zero_in_a_later_run(graded):
     result = _mpcourse("grade", str(ROOT / "exercises" / "ex00_bytes.ipynb"), "--solutions", str(graded.solutions),
-                       "--json", "--timeout", "60")
+                       "--json", "--timeout", "60", timeout=60)
     assert result.returncode == 0, result.stderr
     (got,) = json.loads(result.stdout)["submissions"]
     assert got["score"] == 0 and got["max_score"] == 4, got
 
 
-def test_grade_refuses_without_a_sandbox_and_says_how_to_get_one(tmp_path):
+def test_without_bubblewrap_the_grader_falls_back_as_root_or_refuses_and_says_how_to_get_one(tmp_path):
+    """As root, the fallback sandbox (a uid per submission) grades, and says so and why; as any
+    other user nothing can confine a submission, so the grader refuses and says how to get bwrap."""
     result = _mpcourse("grade", str(FIXTURES / "ex00_correct.ipynb"), env=dict(os.environ, PATH=str(tmp_path)))
-    assert result.returncode == 2
-    assert "bwrap" in result.stderr and "apt-get install bubblewrap" in result.stderr
-    assert "--unsafe-no-sandbox" in result.stderr
+    assert "bubblewrap (`bwrap`) is not installed" in result.stderr
+    if os.geteuid() == 0:
+        assert result.returncode == 0, result.stderr
+        assert "sandbox: an unprivileged user per submission" in result.stderr and "does not isolate" in result.stderr
+        assert "4/4" in result.stdout and "graded in the fallback sandbox" in result.stdout
+    else:
+        assert result.returncode == 2
+        assert "apt-get install bubblewrap" in result.stderr and "--unsafe-no-sandbox" in result.stderr
 
 
 def test_unsafe_no_sandbox_grades_with_a_warning_in_the_output_and_the_gradebook(tmp_path):
@@ -387,7 +410,7 @@ def test_a_worker_computes_with_the_graders_kernel_settings(monkeypatch, sandbox
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MPCOURSE_NOT_FOR_THE_WORKER", "secret")
-    deadline = time.monotonic() + 120
+    deadline = Budget(60)
     with Sandbox(Limits(), deadline, sandboxed=sandboxed) as worker:
         worker.request({"op": "run_cell", "source": (
             "import os, torch\n"

@@ -21,10 +21,11 @@ import nbformat
 import pytest
 import torch
 
+from grading_budgets import backstop, sandbox_processes
 from mpcourse.grading import codec, gradebook, grader, pool, seccomp
 from mpcourse.grading.gradebook import SubmissionResult
 from mpcourse.grading.pool import grade_in_processes
-from mpcourse.grading.sandbox import Limits, Sandbox, WorkerGone
+from mpcourse.grading.sandbox import FIRST_UID, Budget, Limits, Sandbox, WorkerGone
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -83,7 +84,7 @@ def test_the_sandbox_refuses_what_escapes_its_limits_and_bounds_what_it_may_writ
     os.close(os.memfd_create("outside"))
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.syscall(250, 0, -3, 0) > 0  # KEYCTL_GET_KEYRING_ID of this session's keyring
-    deadline = time.monotonic() + 120
+    deadline = Budget(60)
     with Sandbox(Limits(), deadline) as worker:
         probe = _probe(worker, deadline)
     assert all(probe[call] for call in ("memfd_create", "keyctl", "add_key", "shmget", "unshare_user")), probe
@@ -97,7 +98,7 @@ def test_the_sandbox_refuses_what_escapes_its_limits_and_bounds_what_it_may_writ
 
 @ROOT_ONLY
 def test_sandboxes_running_at_once_have_their_own_uid_and_control_group():
-    deadline = time.monotonic() + 120
+    deadline = Budget(60)
     with Sandbox(Limits(), deadline) as a, Sandbox(Limits(), deadline) as b:
         uids = [_probe(w, deadline)["uid"] for w in (a, b)]
         groups = [w.cgroup for w in (a, b)]
@@ -111,7 +112,7 @@ def test_sandboxes_running_at_once_have_their_own_uid_and_control_group():
 @ROOT_ONLY
 def test_a_sandbox_holding_every_thread_it_may_leaves_a_classmate_its_own():
     """The attack of issue 28: 2,000 threads in one sandbox once cost classmates their marks."""
-    limits, deadline = Limits(processes=300), time.monotonic() + 120
+    limits, deadline = Limits(processes=300), Budget(60)
     hoard = ("import threading, time\nthreading.stack_size(256 << 10)\nheld = []\n"
              "try:\n    while len(held) < 5000:\n"
              "        held.append(threading.Thread(target=time.sleep, args=(600,), daemon=True)); held[-1].start()\n"
@@ -129,7 +130,7 @@ def test_a_sandbox_holding_every_thread_it_may_leaves_a_classmate_its_own():
 
 
 def test_a_reply_line_over_the_cap_stops_the_worker_and_forged_lines_are_not_parsed():
-    deadline = time.monotonic() + 120
+    deadline = Budget(60)
     flood = ("import os, stat\nfor fd in range(3, 12):\n    try:\n"
              "        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
              "            os.write(fd, b'{\"value\": 1, \"id\": 9}\\n' + b'[' + b'0,' * (3 << 19))\n"
@@ -172,16 +173,18 @@ def test_the_grader_stays_small_whatever_the_hostile_replies():
         import json, resource, time
         from mpcourse.grading import judge
         from mpcourse.grading.grader import Options, grade_submission, load_exercises
-        from mpcourse.grading.sandbox import Limits
+        from mpcourse.grading.sandbox import Budget, Limits
         exercises = load_exercises({str(ROOT / "solutions")!r})
-        plans = {{"ex00": judge.calibrate(exercises["ex00"], time.monotonic() + 300, Limits())}}
+        plans = {{"ex00": judge.calibrate(exercises["ex00"], Budget(300), Limits())}}
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         scores = {{name: grade_submission({str(FIXTURES)!r} + "/" + name + ".ipynb", exercises, plans,
                                           Options(timeout=60)).score
                   for name in ("ex00_huge_reply_line", "ex00_empty_giant_tensor", "ex00_kernel_memory_hoard")}}
         print(json.dumps({{"base": base, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "scores": scores}}))
     ''')
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    names = ["ex00_huge_reply_line", "ex00_empty_giant_tensor", "ex00_kernel_memory_hoard"]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          timeout=backstop([f"{n}.ipynb" for n in names], 60))
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads(done.stdout.splitlines()[-1])
     assert measured["scores"] == {"ex00_huge_reply_line": 4, "ex00_empty_giant_tensor": 0,
@@ -210,14 +213,16 @@ def test_a_killed_grading_process_is_retried_once_and_costs_no_classmate_its_gra
 
 
 def test_a_grading_process_past_its_time_is_stopped_and_says_so(monkeypatch):
+    stuck = 3600.0
+
     def grade(path):
         signal.signal(signal.SIGALRM, signal.SIG_IGN)  # a grading process stuck where no alarm reaches
-        time.sleep(600)
+        time.sleep(stuck)
     monkeypatch.setattr(pool, "GRACE", 1.0)
     start = time.monotonic()
     ((index, result, why),) = list(grade_in_processes(["stuck"], grade, lambda path: 1, jobs=1, memory=8 << 30))
     assert result is None and "ran past 2 s and was killed" in why
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < stuck / 4  # killed, not waited for
 
 
 def test_the_exit_status_says_which_submission_could_not_be_graded_and_why(tmp_path, monkeypatch, capsys):
@@ -259,9 +264,9 @@ def test_paths_the_grader_trusts(tmp_path):
     (subs / odd).mkdir()
     shutil.copy(FIXTURES / "ex00_correct.ipynb", subs / odd / "ex00_bytes.ipynb")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    paths = ["-h/ex00_bytes.ipynb", "linked/ex00_bytes.ipynb", f"{odd}/ex00_bytes.ipynb"]
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--timeout", "60", "--csv", "grades.csv",
-                           "--", "-h/ex00_bytes.ipynb", "linked/ex00_bytes.ipynb", f"{odd}/ex00_bytes.ipynb"],
-                          capture_output=True, cwd=subs, env=env, timeout=900)
+                           "--", *paths], capture_output=True, cwd=subs, env=env, timeout=backstop(paths, 60))
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     summary = out[out.index("\nsubmission"):]
@@ -300,3 +305,125 @@ def test_a_hard_link_or_a_path_through_a_link_into_the_solutions_is_refused(tmp_
         with pytest.raises(grader.SubmissionFailed, match=why):
             grader._refuse_solutions(path, options)
     grader._refuse_solutions(tmp_path / "honest" / "ex00_bytes.ipynb", options)
+
+
+# ---- fair under load, and a sandbox wherever the grader runs (issue 33) ----
+
+def test_a_budget_counts_the_sandboxs_cpu_time_not_its_waiting():
+    """A test that waits is not an endless loop: its budget is CPU time of the whole sandbox, with
+    a wall-clock backstop for one that only waits."""
+    with Sandbox(Limits(), Budget(120)) as worker:
+        worker.request({"op": "run_cell", "source": "import time\ntime.sleep(3)"}, Budget(1, wall_factor=20))
+        with pytest.raises(WorkerGone, match="ran past its budget of 1 s of CPU time") as spun:
+            worker.request({"op": "run_cell", "source": "while True:\n    pass"}, Budget(1, wall_factor=1000))
+        assert spun.value.timed_out
+    with Sandbox(Limits(), Budget(120)) as worker:
+        with pytest.raises(WorkerGone, match="ran past the 2 s wall-clock backstop of its 1 s CPU budget"):
+            worker.request({"op": "run_cell", "source": "import time\ntime.sleep(3600)"}, Budget(1, wall_factor=2))
+
+
+@ROOT_ONLY
+def test_spinners_after_setsid_share_their_sandboxs_one_cpu_weight():
+    """Issue 33's attack: 32 spinners, each after setsid, were 32 scheduling groups and starved an
+    honest classmate. In one control group with one CPU weight, the classmate's one busy thread
+    gets a fair share (half of what they get together, or so, on 2 cores; 1/33 without)."""
+    spin = ("import os\nfor _ in range(32):\n    if os.fork() == 0:\n        os.setsid()\n"
+            "        while True:\n            pass")
+    busy = "import time\nend = time.monotonic() + 5\nwhile time.monotonic() < end:\n    pass"
+    with Sandbox(Limits(), Budget(120)) as spinner, Sandbox(Limits(), Budget(120)) as classmate:
+        if spinner.cgroup is None:
+            pytest.skip("this machine lends the grader no control groups")
+        assert spinner.cgroup.has_cpu_share and classmate.cgroup.has_cpu_share
+        spinner.request({"op": "run_cell", "source": spin}, Budget(60))
+        before = spinner.cgroup.cpu_seconds(), classmate.cgroup.cpu_seconds()
+        classmate.request({"op": "run_cell", "source": busy}, Budget(60))
+        theirs, mine = spinner.cgroup.cpu_seconds() - before[0], classmate.cgroup.cpu_seconds() - before[1]
+    assert mine >= 0.25 * theirs, (mine, theirs)
+
+
+NAMESPACES_REFUSED = ('#!/bin/sh\n# bwrap as it fails under Docker\'s default seccomp profile\n'
+                      'echo "bwrap: Creating new namespace failed: Operation not permitted" >&2\nexit 1\n')
+
+
+def _sandbox_files() -> list[str]:
+    found = []
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid >= FIRST_UID:
+                    found.append(entry.path)
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def fallback(tmp_path_factory):
+    """Every hostile fixture graded where namespaces are refused: `bwrap` on the PATH fails as it
+    does under Docker's default seccomp profile, so the grader takes its fallback sandbox."""
+    tmp = tmp_path_factory.mktemp("fallback")
+    (tmp / "bin").mkdir()
+    (tmp / "bin" / "bwrap").write_text(NAMESPACES_REFUSED)
+    (tmp / "bin" / "bwrap").chmod(0o755)
+    solutions, submissions = tmp / "solutions", tmp / "submissions"
+    shutil.copytree(ROOT / "solutions", solutions)
+    shutil.copytree(FIXTURES, submissions)
+    digests = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
+    manifest = json.loads((FIXTURES / "MANIFEST.json").read_text())
+    paths = [str(submissions / f"{name}.ipynb") for name in manifest]
+    env = dict(os.environ, PATH=f"{tmp / 'bin'}:{os.environ['PATH']}",
+               MPCOURSE_SABOTAGE_TARGET=str(solutions / "ex00_bytes.ipynb"))
+    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--solutions", str(solutions), "--timeout",
+                           "30", "--jobs", "2", "--json", *paths], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=backstop(paths, 30, jobs=2))
+    after = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
+    changed = sorted(name for name in digests if after.get(name) != digests[name])
+    return SimpleNamespace(done=done, manifest=manifest, changed=changed, survivors=sandbox_processes("613.371"),
+                           files=_sandbox_files())
+
+
+@ROOT_ONLY
+def test_where_namespaces_are_refused_the_fallback_grades_every_fixture_as_bubblewrap_does(fallback):
+    """No fixture gains (each scores its honest work, MANIFEST.json), leaks (the hidden-test
+    fixtures' reasons are checked by their scores and errors) or harms (files unchanged, nothing
+    left running or written), and the grader says which sandbox it used and what it leaves open."""
+    done = fallback.done
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sandbox: an unprivileged user per submission" in done.stderr, done.stderr[-2000:]
+    assert "Creating new namespace failed: Operation not permitted" in done.stderr and "does not isolate" in done.stderr
+    got = {Path(s["path"]).stem: s for s in json.loads(done.stdout)["submissions"]}
+    wrong = {name: (expected["score"], got[name]["score"], got[name]["error"]) for name, expected in
+             fallback.manifest.items() if got[name]["score"] != expected["score"]
+             or (expected["error"] or "") not in (got[name]["error"] or "")
+             or (expected["error"] is None and got[name]["error"] is not None)}
+    assert wrong == {}, wrong
+    assert all(any("graded in the fallback sandbox" in note for note in s["notes"]) for s in got.values())
+    assert fallback.changed == [] and fallback.survivors == [] and fallback.files == []
+
+
+@ROOT_ONLY
+def test_gradescope_checks_and_grades_in_the_fallback_where_namespaces_are_refused(tmp_path, monkeypatch):
+    """setup.sh --check names the fallback and exits 0; a submission that forges results.json from
+    a detached process scores its honest work there too."""
+    from test_platforms_gradescope import HOSTILE_ANSWER, gradescope_root, run_autograder
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "bwrap").write_text(NAMESPACES_REFUSED)
+    (tmp_path / "bin" / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    autograder = tmp_path / "ex00.zip"
+    built = subprocess.run([sys.executable, "-m", "mpcourse.cli", "autograder", "gradescope", "--solutions",
+                            "solutions", "--out", str(autograder), "ex00_bytes"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=backstop(["ex00_bytes.ipynb"], 60))
+    assert built.returncode == 0, built.stderr
+    root = gradescope_root(tmp_path, autograder)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable)
+    check = subprocess.run(["bash", str(root / "source" / "setup.sh"), "--check"], capture_output=True, text=True,
+                           env=env, timeout=backstop(["ex00_bytes.ipynb"], 60))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "the fallback sandbox works here" in check.stdout and "unprivileged user per submission" in check.stdout
+    nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
+    next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source).source = HOSTILE_ANSWER
+    results = run_autograder(root, ("ex00_bytes.ipynb", nbformat.writes(nb)))
+    assert sum(t["score"] for t in results["tests"]) == 1, results["output"]  # the honest part: fp32 only
+    assert sandbox_processes("results.json") == [], "a detached process outlived the fallback sandbox"
+    assert "forged" not in (root / "results" / "results.json").read_text()

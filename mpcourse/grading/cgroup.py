@@ -1,12 +1,21 @@
-"""A control group per sandbox: its own memory and process limits, where the machine lets us make one.
+"""A control group per sandbox: its own memory, process and CPU share, where the machine lets us make one.
 
-RLIMIT_AS bounds a process's address space, and RLIMIT_NPROC counts every process of a uid; a
-control group instead counts what the sandbox holds, all its processes together: memory the
-kernel keeps for it (pipe buffers, socket buffers, tmpfs pages) included, and every thread.
-The grader makes one under its own group, in cgroup v2 (`memory.max`, `pids.max`) or v1 (the
-`memory` and `pids` hierarchies), puts the sandbox in it before bubblewrap starts (`wrap`) and
-removes it afterwards. Where none can be made (not root, or a read-only /sys/fs/cgroup) `create`
-returns None and the sandbox keeps only its rlimits: INSTRUCTORS.md says what that leaves open.
+RLIMIT_AS bounds a process's address space, RLIMIT_NPROC counts every process of a uid and
+RLIMIT_CPU each process's own CPU time; a control group instead counts what the sandbox holds,
+all its processes together, however they were started (threads, forks, `setsid`):
+- memory the kernel keeps for it (pipe buffers, socket buffers, tmpfs pages) and every thread
+  (`memory.max`, `pids.max`);
+- **one CPU weight** (`cpu.shares` in v1, `cpu.weight` in v2): 32 spinners in one sandbox share
+  what one classmate's sandbox gets, instead of 32 times as much;
+- its CPU time, all processes together (`cpuacct.usage` in v1, `cpu.stat`'s usage_usec in v2):
+  the time budgets of `sandbox.Budget` are this, so a busy machine slows a submission without
+  running its budget down.
+
+The grader makes the group under its own, in cgroup v2 or v1 (one folder per hierarchy:
+`memory`, `pids`, `cpu`, `cpuacct`, co-mounted ones once), puts the sandbox in it before the
+sandbox starts (`wrap`) and removes it afterwards. Where none can be made (not root, or a
+read-only /sys/fs/cgroup) `create` returns None and the sandbox keeps only its rlimits, and its
+CPU time is read from its processes (`sandbox.ProcessClock`): INSTRUCTORS.md says what that leaves open.
 """
 from __future__ import annotations
 
@@ -17,6 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+CPU_WEIGHT_V1 = 1024  # cpu.shares of each sandbox: what one ordinary process of the machine weighs
+CPU_WEIGHT_V2 = 100   # cpu.weight, likewise
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 _numbers = itertools.count()
 
 
@@ -34,35 +46,56 @@ def _own_groups() -> dict[str, str]:
     return groups
 
 
+def _v1_parents() -> dict[str, Path]:
+    """The grader's own folder in each v1 hierarchy we use (co-mounted hierarchies share one)."""
+    groups = _own_groups()
+    return {c: ROOT / c / groups[c] for c in V1_CONTROLLERS if c in groups and (ROOT / c / groups[c]).is_dir()}
+
+
 class Cgroup:
-    """One sandbox's group(s): `files` are the cgroup.procs files the sandbox joins."""
+    """One sandbox's group(s): `folders` hold the cgroup.procs files the sandbox joins."""
 
     def __init__(self, folders: list[Path]):
         self.folders = folders
 
     @classmethod
     def create(cls, memory: int, processes: int) -> Cgroup | None:
-        """A new group limited to `memory` bytes and `processes` tasks, or None if none can be made."""
+        """A new group limited to `memory` bytes and `processes` tasks, with a CPU weight of its
+        own where the `cpu` controller is there, or None if none can be made."""
         if os.geteuid() != 0:
             return None
         name = f"mpcourse-{os.getpid()}-{next(_numbers)}"
-        groups = _own_groups()
-        v1 = [("memory", "memory.limit_in_bytes", memory), ("pids", "pids.max", processes)]
+        parents = _v1_parents()
         made = []
         try:
-            if all((ROOT / c / groups.get(c, "")).is_dir() for c, _, _ in v1) and all(c in groups for c, _, _ in v1):
-                for controller, limit, value in v1:
-                    folder = ROOT / controller / groups[controller] / name
+            if "memory" in parents and "pids" in parents:
+                limits = {"memory": {"memory.limit_in_bytes": memory}, "pids": {"pids.max": processes},
+                          "cpu": {"cpu.shares": CPU_WEIGHT_V1}, "cpuacct": {}}
+                seen = {}
+                for controller, parent in parents.items():
+                    folder = parent / name
+                    if folder.resolve() in seen:  # cpu and cpuacct co-mounted: one folder for both
+                        continue
                     folder.mkdir()
+                    seen[folder.resolve()] = folder
                     made.append(folder)
-                    (folder / limit).write_text(str(value))
+                for controller, parent in parents.items():
+                    for limit, value in limits[controller].items():
+                        (parent / name / limit).write_text(str(value))
             else:
-                folder = ROOT / groups.get("", "") / name
+                parent = ROOT / _own_groups().get("", "")
+                try:  # the cpu controller, for a weight per group; where it is not delegated, none
+                    (parent / "cgroup.subtree_control").write_text("+cpu")
+                except OSError:
+                    pass
+                folder = parent / name
                 folder.mkdir()
                 made.append(folder)
                 (folder / "memory.max").write_text(str(memory))
                 (folder / "pids.max").write_text(str(processes))
                 (folder / "memory.swap.max").write_text("0")
+                if (folder / "cpu.weight").exists():
+                    (folder / "cpu.weight").write_text(str(CPU_WEIGHT_V2))
         except OSError:
             cls(made).remove()
             return None
@@ -74,6 +107,26 @@ class Cgroup:
         join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
         return ["/bin/sh", "-c", join, "sh", *[str(f / "cgroup.procs") for f in self.folders], "--", *command]
 
+    @property
+    def has_cpu_share(self) -> bool:
+        """Whether the group has a CPU weight of its own (the `cpu` controller is there)."""
+        return any((f / "cpu.shares").exists() or (f / "cpu.weight").exists() for f in self.folders)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time used by every process the group ever held, in seconds (None if the kernel does not say)."""
+        for folder in self.folders:
+            try:
+                return int((folder / "cpuacct.usage").read_text()) / 1e9
+            except (OSError, ValueError):
+                pass
+            try:
+                for line in (folder / "cpu.stat").read_text().splitlines():
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+            except (OSError, ValueError):
+                pass
+        return None
+
     def peak_memory(self) -> int | None:
         """The most memory the group held, in bytes (None if the kernel does not say)."""
         for folder in self.folders:
@@ -83,6 +136,11 @@ class Cgroup:
                 except (OSError, ValueError):
                     continue
         return None
+
+    def kill_all(self):
+        """Kill every process in the group (and what they start meanwhile)."""
+        for folder in self.folders:
+            _kill_all(folder)
 
     def remove(self):
         """Kill whatever is left in the group, then delete it (a group with tasks cannot go)."""
@@ -101,8 +159,7 @@ class Cgroup:
 def sweep():
     """Remove the groups of grading processes that died without removing theirs (killed past
     their time): a group is named after the process that made it."""
-    groups = _own_groups()
-    parents = {ROOT / c / groups[c] for c in ("memory", "pids") if c in groups} | {ROOT / groups.get("", "")}
+    parents = set(_v1_parents().values()) | {ROOT / _own_groups().get("", "")}
     for parent in parents:
         for folder in parent.glob("mpcourse-*-*") if parent.is_dir() else ():
             pid = folder.name.split("-")[1]

@@ -4,12 +4,15 @@ For each submission:
 1. The exercise comes from the file name; the tests, hidden ones included, from the solution
    notebook, read before any submission runs. Metadata naming another exercise is reported.
    A path that leads into the solutions folder (through a link anywhere in it) is refused.
-2. The submission's code cells run in a fresh worker inside a sandbox (`sandbox`). A cell that
-   kills its process is skipped and the worker restarted, as a learner would restart a kernel.
+2. The submission's code cells run in a fresh worker inside a sandbox (`sandbox`: bubblewrap, or
+   an unprivileged user where namespaces are refused). A cell that kills its process is skipped
+   and the worker restarted, as a learner would restart a kernel, with a fresh time budget.
 3. Each test runs here, with the learner's functions called through the sandbox on data
    (`judge`): no test code enters the sandbox, and the verdict is computed in this process. Each
-   test has its own time limit: a test that runs out fails alone, and the points earned before
-   it stay.
+   test has its own time budget: a test that runs out fails alone, and the points earned before
+   it stay. Budgets are CPU time of the sandbox (`sandbox.Budget`), `--timeout` seconds for the
+   cells at each start and again for each test, with a wall-clock backstop `WALL_FACTOR` times
+   larger: a busy machine slows grading down without turning honest work into a timeout.
 4. Whatever happens, the submission gets a score and a one-line reason, and grading goes on.
    Each submission is graded in a process of its own, with its own memory and time limit
    (`pool`); one that cannot be graded is reported, and the exit status says so. The gradebook
@@ -32,14 +35,18 @@ from mpcourse.grading.exercise import Exercise, exercise_id, find_solutions, lea
 from mpcourse.grading.gradebook import (SubmissionResult, format_result, format_summary, not_graded_report,
                                        write_gradebook)
 from mpcourse.grading.pool import OutOfTime, grade_in_processes
-from mpcourse.grading.sandbox import INSTALL_HINT, Limits, RequestFailed, Sandbox, WorkerGone, sandbox_problem
+from mpcourse.grading.sandbox import (USER, WALL_FACTOR, Budget, Limits, RequestFailed, Sandbox, WorkerGone,
+                                      choose_isolation)
 from mpcourse.grading.selfcheck import TestResult
 from mpcourse.grading.verdict import first_line
 
 MAX_RESTARTS = 3
+CALIBRATION_SECONDS = 300.0  # CPU seconds for running a solution to plan its tests
 MAX_NOTEBOOK_BYTES = 50 << 20
 UNSAFE_NOTE = ("graded WITHOUT a sandbox (--unsafe-no-sandbox): the submission could read and change "
                "files, other submissions and this gradebook")
+FALLBACK_NOTE = ("graded in the fallback sandbox (an unprivileged user, no namespaces: bubblewrap cannot "
+                 "run here); see `mpcourse grade`'s first line for what it does not isolate")
 
 
 NOT_GRADED = 3  # the exit status when some submission could not be graded
@@ -47,7 +54,8 @@ NOT_GRADED = 3  # the exit status when some submission could not be graded
 
 @dataclass(frozen=True)
 class Options:
-    timeout: float = 120.0               # seconds for the notebook's cells, and again for each test
+    timeout: float = 120.0               # CPU seconds for the notebook's cells per start, and again per test
+    wall_factor: float = WALL_FACTOR     # each budget's wall-clock backstop, in multiples of its CPU seconds
     sandboxed: bool = True
     limits: Limits = Limits()
     solutions: Path | None = None        # resolved once; no submission may lie inside it
@@ -55,9 +63,17 @@ class Options:
 
 
 def submission_seconds(exercise: Exercise | None, options: Options) -> float:
-    """The most one submission's grading may take: its cells once per start, and each test."""
+    """The most CPU time one submission's sandboxes may use, all budgets together: its cells once
+    per start (the first and up to MAX_RESTARTS more), the setup, and each test. INSTRUCTORS.md
+    ("Time") states this bound."""
     tests = len(exercise.tests) if exercise else 0
-    return options.timeout * (tests + 2 + MAX_RESTARTS) + 60
+    return options.timeout * (tests + 2 + MAX_RESTARTS)
+
+
+def submission_backstop(exercise: Exercise | None, options: Options) -> float:
+    """Wall-clock seconds after which a submission's grading process is stopped, whatever it is
+    doing: `wall_factor` times its CPU bound, and a minute for its own work."""
+    return submission_seconds(exercise, options) * options.wall_factor + 60
 
 
 class SubmissionFailed(Exception):
@@ -71,6 +87,8 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
     exercise, verdicts, error, notes, graded = exercises.get(exercise_id(path.name) or ""), {}, None, [], True
     if not options.sandboxed:
         notes.append(UNSAFE_NOTE)
+    elif choose_isolation().kind == USER:
+        notes.append(FALLBACK_NOTE)
     try:
         _refuse_solutions(path, options)
         if exercise is None:
@@ -88,7 +106,9 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
     except SubmissionFailed as failure:
         error = str(failure)
     except OutOfTime:
-        error = f"timed out: grading this submission took longer than {submission_seconds(exercise, options):g} s"
+        error = (f"timed out: grading this submission ran past its wall-clock backstop of "
+                 f"{submission_backstop(exercise, options):.0f} s ({options.wall_factor:g} x the "
+                 f"{submission_seconds(exercise, options):g} s of CPU time its budgets add up to, and a minute)")
     except Exception as failure:  # a bug here must cost this submission only, not the run
         error, graded = f"grading failed: {type(failure).__name__}: {first_line(failure, 200)}", False
     tests = [TestResult(t.id, t.points if verdicts[t.id][0] else 0.0, t.points, verdicts[t.id][0],
@@ -144,27 +164,32 @@ def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: li
     The learner's cells run in the sandbox; every test runs here, calling the learner's functions
     through it (`judge`). On a timeout or a failure, the verdicts already filled stay."""
     with NotebookRunner(learner_cells(nb, exercise), options, notes, exercise.write_yourself) as runner:
-        runner.begin_test()  # the setup's own time, as a test's
+        runner.begin_test("the setup")  # the setup's own time, as a test's
         namespace, proxies = judge.grader_namespace(exercise, runner.request)
         for test in exercise.tests:
-            runner.begin_test()
+            runner.begin_test(test.id)
             verdicts[test.id] = judge.run_tests([test], namespace)[0]
         notes.extend(judge.evidence_notes(proxies))
         return runner.first_error
 
 
-def _raise_if_timed_out(gone: WorkerGone, options: Options):
-    """Running out of time ends the submission; dying or flooding costs only what was running."""
-    if "timed out" in str(gone):
-        raise SubmissionFailed(f"timed out: the submission ran longer than {options.timeout:g} s (an endless loop?)")
+def _raise_if_timed_out(gone: WorkerGone, what: str):
+    """Running out of time ends the submission, with a reason naming `what` ran out and its
+    budget; dying or flooding costs only what was running."""
+    if gone.timed_out:
+        raise SubmissionFailed(f"timed out: {what} {gone.overrun}")
 
 
 class NotebookRunner:
-    """The submission's notebook in a sandboxed worker; restarted without a cell that kills it."""
+    """The submission's notebook in a sandboxed worker; restarted without a cell that kills it.
+
+    Each start (the first, and each restart) gets a fresh budget of `--timeout` for the worker's
+    start and the cells; each test gets its own (`begin_test`). A timeout's reason names what
+    ran out (a code cell by its number, or the test's call) and the budget it had."""
 
     def __init__(self, cells: list[str], options: Options, notes: list, write_yourself=()):
         self.cells, self.options, self.notes, self.write_yourself = cells, options, notes, write_yourself
-        self.deadline = 0.0
+        self.budget = self._budget("the cells")
         self.skipped, self.restarts, self.first_error = set(), 0, None
         self.worker, self.lost = None, False
         try:
@@ -174,25 +199,32 @@ class NotebookRunner:
                 self.worker.close()
             raise
 
+    def _budget(self, what: str) -> Budget:
+        return Budget(self.options.timeout, what, self.options.wall_factor)
+
     def _start(self):
-        self.deadline = time.monotonic() + self.options.timeout  # for the cells, at each start
         while True:
+            self.budget = self._budget("the cells")  # fresh at each start: a skipped cell costs no later one time
             try:
-                self.worker = Sandbox(self.options.limits, self.deadline, self.options.sandboxed)
+                self.worker = Sandbox(self.options.limits, self.budget, self.options.sandboxed)
             except WorkerGone as gone:
-                _raise_if_timed_out(gone, self.options)
+                _raise_if_timed_out(gone, "the sandbox's start (loading Python and torch)")
                 raise SubmissionFailed(f"the sandbox could not start: {gone}") from None
-            if self.write_yourself:  # the library's answers become stubs before any cell runs
-                self.worker.request({"op": "stub", "targets": list(self.write_yourself)}, self.deadline)
+            try:
+                if self.write_yourself:  # the library's answers become stubs before any cell runs
+                    self.worker.request({"op": "stub", "targets": list(self.write_yourself)}, self.budget)
+            except WorkerGone as gone:
+                _raise_if_timed_out(gone, "the sandbox's start (stubbing the library)")
+                raise SubmissionFailed(f"the sandbox could not start: {gone}") from None
             for index, source in enumerate(self.cells):
                 if index in self.skipped:
                     continue
                 try:
-                    error = self.worker.request({"op": "run_cell", "source": source}, self.deadline).get("error")
+                    error = self.worker.request({"op": "run_cell", "source": source}, self.budget).get("error")
                 except RequestFailed as failed:
                     error = str(failed)
                 except WorkerGone as gone:
-                    _raise_if_timed_out(gone, self.options)
+                    _raise_if_timed_out(gone, f"code cell {index + 1}")
                     self.skipped.add(index)
                     why = str(gone).removeprefix("the submission's process ")
                     self.notes.append(f"code cell {index + 1} stopped the submission's process ({why}); "
@@ -210,26 +242,30 @@ class NotebookRunner:
         if self.restarts > MAX_RESTARTS:
             raise SubmissionFailed(f"the submission's process died {self.restarts} times")
 
-    def begin_test(self):
-        """Each test gets its own time; a worker lost in the previous test is restarted first."""
+    def begin_test(self, name: str = "the test"):
+        """Each test gets its own budget; a worker lost in the previous test is restarted first."""
         if self.lost:
             self.lost = False
             self._restart_allowed()
             self._start()
-        self.deadline = time.monotonic() + self.options.timeout
+        self.budget = self._budget(name)
 
     def request(self, message: dict) -> dict:
         """A request from a test running here; a worker that dies is restarted for the next test."""
         if self.lost:
             raise judge.SandboxFailure("the submission's process was lost earlier in this test")
         try:
-            return self.worker.request(message, self.deadline)
+            return self.worker.request(message, self.budget)
         except WorkerGone as gone:
-            what = (f"ran longer than the test's {self.options.timeout:g} s" if "timed out" in str(gone)
-                    else str(gone).removeprefix("the submission's process "))
             self.lost = True
-            raise judge.SandboxFailure(f"the submission's process {what} while running "
-                                       f"{message.get('name', 'the test')}") from None
+            name, budget = str(message.get("name", "the test's call")), self.budget
+            if not gone.timed_out:
+                raise judge.SandboxFailure(f"{gone} while running {name}") from None
+            if "backstop" in gone.overrun:  # the budget first: a reason may be cut short
+                raise judge.SandboxFailure(f"{name} ran past the test's wall-clock backstop of {budget.wall:.0f} s "
+                                           f"(a {budget.cpu:g} s CPU budget; it waits?)") from None
+            raise judge.SandboxFailure(f"{name} ran past the test's budget of {budget.cpu:g} s of CPU time "
+                                       "(an endless loop?)") from None
 
     def __enter__(self):
         return self
@@ -258,7 +294,8 @@ def plan_exercises(exercises: dict[str, Exercise], keys, jobs: int, options: Opt
     runs unconfined."""
     def one(key):
         try:
-            return key, judge.calibrate(exercises[key], time.monotonic() + 900, options.limits, options.sandboxed)
+            budget = Budget(CALIBRATION_SECONDS, f"the solution of {key}", options.wall_factor)
+            return key, judge.calibrate(exercises[key], budget, options.limits, options.sandboxed)
         except Exception as error:
             return key, f"{type(error).__name__}: {first_line(error, 200)}"
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -296,10 +333,11 @@ def grade_command(args) -> int:
             return 2
     if args.unsafe_no_sandbox:
         print(f"mpcourse grade: WARNING: {UNSAFE_NOTE}", file=sys.stderr)
-    elif problem := sandbox_problem():
-        print(f"mpcourse grade: refusing to run submissions without a sandbox: {problem}. {INSTALL_HINT}",
-              file=sys.stderr)
+    elif not (isolation := choose_isolation()).usable:
+        print(f"mpcourse grade: refusing to run submissions without a sandbox: {isolation.problem}", file=sys.stderr)
         return 2
+    else:
+        print(f"mpcourse grade: {isolation.summary()}", file=sys.stderr)
     options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox, solutions=solutions)
     keys = [exercise_id(Path(p).name) for p in args.paths]
     plans = plan_exercises(exercises, [k for k in keys if k in exercises], args.jobs, options)
@@ -313,7 +351,7 @@ def grade_command(args) -> int:
     results, shown = [None] * len(args.paths), 0
     for index, result, why in grade_in_processes(
             list(args.paths), lambda path: grade_submission(path, exercises, plans, options),
-            lambda path: submission_seconds(exercise_of(path), options), args.jobs,
+            lambda path: submission_backstop(exercise_of(path), options), args.jobs,
             _address_space() + options.grader_memory):
         results[index] = result or _not_graded(args.paths[index], exercise_of(args.paths[index]), why)
         while shown < len(results) and results[shown] is not None:  # in the order given

@@ -44,14 +44,14 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # solution tests that failed
 
 
-def calibrate(exercise, deadline: float, limits, sandboxed: bool = True) -> Plan:
+def calibrate(exercise, budget, limits, sandboxed: bool = True) -> Plan:
     """Grade the instructor's solution like a submission (its cells in a sandbox: a solutions
     folder is data too, the tests here) and report every test it fails."""
     from mpcourse.grading.sandbox import Sandbox
     plan = Plan()
-    with Sandbox(limits, deadline, sandboxed=sandboxed, trusted=not sandboxed) as worker:
+    with Sandbox(limits, budget, sandboxed=sandboxed, trusted=not sandboxed) as worker:
         def request(message):
-            return worker.request(message, deadline)
+            return worker.request(message, budget)
         if exercise.write_yourself:
             request({"op": "stub", "targets": list(exercise.write_yourself)})
         for cell in exercise.code_cells:

@@ -6,8 +6,10 @@ grader once the solutions are planned:
 
 - its address space is limited (`memory`): a reply that makes it allocate too much costs a
   MemoryError in that submission's grading, never the grader's memory or a classmate's grade;
-- it has `seconds` to finish: a SIGALRM inside it first (the grading code turns it into a
-  timed-out result that keeps the points already earned), then, `GRACE` seconds later, a kill;
+- it has `seconds` of wall clock to finish, a backstop (the grader passes its budgets' CPU
+  seconds times the wall-clock factor, `grader.submission_backstop`): a SIGALRM inside it first
+  (the grading code turns it into a timed-out result that keeps the points already earned),
+  then, `GRACE` seconds later, a kill;
 - a process that dies without a result (killed by the kernel's OOM killer, a crash) is started
   again once; if it dies again, or runs out of time, the submission is reported as not graded,
   with why, and the others go on.
@@ -63,7 +65,7 @@ def _child(connection, grade, path, memory: int, seconds: float):
 def grade_in_processes(paths, grade, seconds_for, jobs: int, memory: int):
     """Yield (index, result, None) or (index, None, why not graded) for each path, as they finish.
 
-    `grade(path)` runs in the grading process; `seconds_for(path)` is its time limit."""
+    `grade(path)` runs in the grading process; `seconds_for(path)` is its wall-clock backstop."""
     if sys.platform != "linux":
         for index, path in enumerate(paths):
             yield index, grade(path), None

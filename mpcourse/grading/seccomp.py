@@ -1,8 +1,9 @@
 """A seccomp filter for the sandbox: system calls whose effects outlive or escape its limits fail.
 
 Bubblewrap loads a classic BPF program from a file descriptor (`bwrap --seccomp FD`) into the
-sandboxed process before it runs anything. This module assembles that program by hand (no
-libseccomp needed) for x86-64 and AArch64. The calls it refuses, with EPERM, are the ones a
+sandboxed process before it runs anything; the fallback sandbox (no namespaces) has the worker
+load it itself (`install`) before any learner code runs. This module assembles that program by
+hand (no libseccomp needed) for x86-64 and AArch64. The calls it refuses, with EPERM, are the ones a
 learner could use to hold memory or state that the sandbox's limits do not see:
 
 - `memfd_create`, `memfd_secret`: anonymous files whose pages count toward no address-space
@@ -121,3 +122,27 @@ def filter_fd() -> int:
     finally:
         os.close(write)
     return read
+
+
+SECCOMP_SYSCALL = {"x86_64": 317, "aarch64": 277, "arm64": 277}
+PR_SET_NO_NEW_PRIVS, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
+
+
+def install():
+    """Load the filter into this process, every thread of it (TSYNC), and all it starts: the
+    fallback sandbox's way, where no bubblewrap loads it. Raises OSError if the kernel refuses."""
+    import ctypes
+
+    program = filter_program()
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class SockFprog(ctypes.Structure):  # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.syscall(SECCOMP_SYSCALL[platform.machine()], SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
+                    ctypes.byref(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")

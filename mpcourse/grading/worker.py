@@ -35,24 +35,69 @@ def _load(name):
 
 
 codec, verdict, stubs = _load("codec"), _load("verdict"), _load("stubs")
+seccomp, landlock = _load("seccomp"), _load("landlock")
 dumps, loads = json.dumps, json.loads  # taken before any learner code can replace them
 
 
 def confine(limits):
-    """Resource limits, then (when root) the sandbox's own unprivileged uid, no other sandbox's:
-    before any learner code runs. RLIMIT_NPROC counts the uid's threads, so with a uid per
-    sandbox it bounds this sandbox alone; RLIMIT_NOFILE bounds the pipes and sockets (and so the
-    kernel buffers) it can hold."""
+    """Resource limits, the walls and the seccomp filter when no bubblewrap made them (the
+    fallback sandbox: `landlock`, `seccomp.install`), then (when root) the sandbox's own
+    unprivileged uid, no other sandbox's: before any learner code runs. RLIMIT_NPROC counts the
+    uid's threads, so with a uid per sandbox it bounds this sandbox alone; RLIMIT_NOFILE bounds
+    the pipes and sockets (and so the kernel buffers) it can hold; RLIMIT_CPU bounds each process
+    (the grader's budgets count the sandbox as a whole)."""
     for name, value in (("RLIMIT_AS", limits.get("memory")), ("RLIMIT_CPU", limits.get("cpu")),
                         ("RLIMIT_FSIZE", limits.get("file_size")), ("RLIMIT_NPROC", limits.get("processes")),
                         ("RLIMIT_NOFILE", limits.get("open_files")), ("RLIMIT_CORE", 0)):
         if value is not None:
             resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+    if limits.get("landlock"):  # raises if the kernel refuses: then no learner code runs
+        landlock.restrict(limits["landlock"]["read"], limits["landlock"]["write"])
+    if limits.get("seccomp"):
+        seccomp.install()
     user = limits.get("user")
     if user is not None and os.getuid() == 0:
+        if limits.get("seccomp"):  # the fallback: no bubblewrap made Python's folders traversable
+            _keep_python_reachable()
         os.setgroups([])
         os.setgid(user)
         os.setuid(user)
+
+
+def _blocked(path):
+    """The topmost folder on `path`'s way that others may not search (None if all may)."""
+    for parent in reversed(Path(path).parents):
+        if str(parent) != "/" and not os.stat(parent).st_mode & 0o001:
+            return parent
+    return None
+
+
+def _keep_python_reachable():
+    """Python's own folders as the unprivileged uid will reach them. A Python installed under a
+    folder only root may enter (pyenv's /root/.pyenv) is reached through a descriptor opened now,
+    as root, on the folder just inside (/proc/self/fd/N/...): only those folders, nothing else
+    of /root. Import paths, and those of packages already imported, are rewritten to it."""
+    moved = {}
+    for entry in list(sys.path):
+        blocked = _blocked(entry) if entry else None
+        if blocked is None:
+            continue
+        inside = blocked / Path(entry).relative_to(blocked).parts[0]
+        if str(inside) not in moved:
+            moved[str(inside)] = f"/proc/self/fd/{os.open(inside, os.O_PATH | os.O_DIRECTORY)}"
+
+    def reroute(path):
+        for old, new in moved.items():
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old):]
+        return path
+    if moved:
+        sys.path[:] = [reroute(p) for p in sys.path]
+        for module in list(sys.modules.values()):
+            search = getattr(module, "__path__", None)
+            if type(search) is list:
+                search[:] = [reroute(p) for p in search]
+        sys.path_importer_cache.clear()
 
 
 class Answers:

@@ -25,7 +25,7 @@ from mpcourse.grading.exercise import exercise_id
 from mpcourse.grading.gradebook import format_result
 from mpcourse.grading.grader import Options, grade_submission, load_exercises, plan_exercises
 from mpcourse.grading.platforms.gradescope_results import Expected, results_json, write_results
-from mpcourse.grading.sandbox import sandbox_problem
+from mpcourse.grading.sandbox import USER, choose_isolation, unreachable_by_others
 
 CONFIG = "mpcourse-autograder.json"
 MAX_UPLOAD_BYTES = 64 << 20  # larger notebooks are cut here; the grader refuses them anyway
@@ -87,9 +87,9 @@ def copy_upload(path: Path, destination: Path) -> None:
 def grade(root: Path, config: dict, expected: list[Expected]) -> dict:
     start = time.perf_counter()
     exercises = load_exercises(root / "source" / "solutions")
-    sandboxed = True
-    if problem := sandbox_problem():
-        print(f"run_autograder: no sandbox here: {problem}")
+    sandboxed, isolation = True, choose_isolation()
+    print(f"run_autograder: {isolation.summary()}")
+    if not isolation.usable:
         if not config["allow_unsandboxed"]:
             print("run_autograder: refusing to run the submission (build the zip with --allow-unsandboxed to "
                   "grade without the sandbox; see INSTRUCTORS.md, 'Grading a large class')")
@@ -128,13 +128,18 @@ def check(root: Path, config: dict, expected: list[Expected]) -> int:
             print(f"setup.sh --check: {wanted.name}: the solution's tests {tests} differ from the configuration's "
                   f"{wanted.tests}")
             failures += 1
-    problem = sandbox_problem()
-    if problem is None:
-        print("setup.sh --check: the bubblewrap sandbox works here")
+    isolation = choose_isolation()
+    if isolation.usable:
+        works = "the bubblewrap sandbox works here" if isolation.kind != USER else "the fallback sandbox works here"
+        print(f"setup.sh --check: {works}; run_autograder will grade in this {isolation.summary()}")
+        if isolation.kind == USER and not isolation.walls and not unreachable_by_others(root / "source"):
+            print(f"setup.sh --check: {root / 'source'} is readable by other users, and without Landlock the "
+                  "fallback sandbox's learner could read it: chmod -R go-rwx it")
+            failures += 1
     elif config["allow_unsandboxed"]:
-        print(f"setup.sh --check: WARNING: no sandbox ({problem}); submissions will be graded unprotected")
+        print(f"setup.sh --check: WARNING: {isolation.summary()}; submissions will be graded unprotected")
     else:
-        print(f"setup.sh --check: no sandbox ({problem}); run_autograder will refuse to run submissions")
+        print(f"setup.sh --check: {isolation.summary()}; run_autograder will refuse to run submissions")
         failures += 1
     print(f"setup.sh --check: {len(expected)} exercise(s), {'ready' if not failures else 'NOT ready'}")
     return 1 if failures else 0

@@ -6,7 +6,8 @@ docs/specs.md): `setup.sh`, which Gradescope runs once as root to build the imag
 solution notebooks (hidden tests included: learners never see the zip), the course package to
 install, the lock file of its dependencies when the course has one, and `mpcourse-autograder.json`
 saying what to grade. In the container `run_autograder` calls `gradescope_run`, which grades with
-the same functions as `mpcourse grade`, in the same bubblewrap sandbox.
+the same functions as `mpcourse grade`, in the same sandbox: bubblewrap where the container lets it
+make namespaces, else the fallback (an unprivileged user per submission, `sandbox.choose_isolation`).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: the same inputs give the 
 SETUP_SH = r'''#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image.
 #   setup.sh           install Python, the locked dependencies, torch, the course and bubblewrap
-#   setup.sh --check   install nothing; say whether everything run_autograder needs is there
+#   setup.sh --check   install nothing; say whether everything run_autograder needs is there, and
+#                      which sandbox it will grade in (exit 0 when bubblewrap or the fallback works)
 # AUTOGRADER_ROOT (default /autograder) and MPCOURSE_PYTHON (default the venv below) let a test
 # lay out Gradescope's folders anywhere. The order is the Makefile's: the lock, then torch, then
 # the course without dependencies.
@@ -57,8 +59,9 @@ fi
 set -e
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
-# bubblewrap is the grader's sandbox; without working namespaces run_autograder refuses to run
-# submissions (or, if this zip was built with --allow-unsandboxed, grades them unprotected).
+# bubblewrap is the grader's sandbox where the container allows namespaces; where Docker's seccomp
+# profile refuses them, run_autograder grades in the fallback: each submission as an unprivileged
+# user, walled in by Landlock where the kernel has it, with the source and results kept root's.
 apt-get install -y --no-install-recommends bubblewrap python3-venv python3-pip
 if apt-get install -y --no-install-recommends python3.11 python3.11-venv; then BASE=python3.11; else BASE=python3; fi
 "$BASE" -m venv "$VENV"
@@ -75,6 +78,7 @@ else
   "$VENV/bin/pip" install "$SOURCE/course"
 fi
 chmod -R go-rwx "$SOURCE"  # the solutions and hidden tests: readable by root alone
+mkdir -p "$ROOT/results" && chmod 700 "$ROOT/results"  # results.json: written and read by root alone
 set +e
 check
 '''
@@ -85,6 +89,7 @@ RUN_AUTOGRADER = r'''#!/usr/bin/env bash
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 PYTHON="${MPCOURSE_PYTHON:-$ROOT/venv/bin/python}"
 cd "$ROOT" || exit 1
+mkdir -p "$ROOT/results" && chmod 700 "$ROOT/results"  # no submission's uid may reach results.json
 exec "$PYTHON" -I -m mpcourse.grading.platforms.gradescope_run --root "$ROOT"
 '''
 

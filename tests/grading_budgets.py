@@ -1,0 +1,49 @@
+"""Time limits for the grading tests, derived from the grader's own budgets (issue 33).
+
+The grader's budgets are CPU time of each sandbox, with wall-clock backstops `WALL_FACTOR` times
+larger; a test waits for a grading run as long as the grader itself would let it run, never a
+fixed number of seconds that a busy machine could outrun.
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+from mpcourse.grading import grader
+from mpcourse.grading.exercise import exercise_id, load_exercise
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def backstop(paths, timeout: float, jobs: int = 1) -> float:
+    """Wall-clock seconds after which `mpcourse grade --timeout TIMEOUT --jobs JOBS PATHS` is
+    surely stuck: the grader's own backstops (planning each exercise's solution, then each
+    submission's), plus a minute to start and to write its output."""
+    options = grader.Options(timeout=timeout)
+    solutions = {exercise_id(path.name): load_exercise(path) for path in (ROOT / "solutions").glob("ex*.ipynb")}
+    exercises = [solutions.get(exercise_id(Path(p).name)) for p in paths]
+    planning = grader.CALIBRATION_SECONDS * options.wall_factor * len({e.name for e in exercises if e})
+    return planning + sum(grader.submission_backstop(e, options) for e in exercises) / jobs + 60
+
+
+def cpu_hogs(count: int = 2) -> list[subprocess.Popen]:
+    """CPU-bound processes to run beside a graded run, whose scores must not move; `stop` them."""
+    return [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(count)]
+
+
+def stop(processes: list[subprocess.Popen]):
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def sandbox_processes(marker: str) -> list[str]:
+    """Processes left by submissions, found by a `marker` in their command lines (the `sleep` of
+    ex00_detached_process...). Not by uid: other grading runs on the machine have sandboxes too."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                found.append(cmdline.parent.name)
+        except OSError:
+            pass
+    return found
