@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mpcourse.grading import grader
 from mpcourse.grading.exercise import exercise_id, load_exercise
+from mpcourse.grading.sandbox import WALL_FACTOR, Budget
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +24,18 @@ def backstop(paths, timeout: float, jobs: int = 1) -> float:
     exercises = [solutions.get(exercise_id(Path(p).name)) for p in paths]
     planning = grader.CALIBRATION_SECONDS * options.wall_factor * len({e.name for e in exercises if e})
     return planning + sum(grader.submission_backstop(e, options) for e in exercises) / jobs + 60
+
+
+def submission_budget(exercise, what: str):
+    """The CPU time one submission of `exercise` may use, all its budgets together, as one
+    `Budget` (with its wall-clock backstop): for a test that drives a sandbox itself."""
+    return Budget(grader.submission_seconds(exercise, grader.Options()), what)
+
+
+def program_backstop() -> float:
+    """Wall-clock seconds for a short Python program a test runs (it imports torch, calls a few
+    answers): one grader budget's backstop, `--timeout`'s default times `WALL_FACTOR`."""
+    return grader.Options().timeout * WALL_FACTOR
 
 
 def cpu_hogs(count: int = 2) -> list[subprocess.Popen]:

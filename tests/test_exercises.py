@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from grading_budgets import backstop
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -25,7 +26,7 @@ def graded(tmp_path_factory):
     paths = [str(tmp / p.parent.name / p.name) for p in SOLUTIONS + EXERCISES]
     result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--solutions", str(ROOT / "solutions"),
                              "--json", "--timeout", "300", "--", *paths],
-                            capture_output=True, text=True, cwd=ROOT, timeout=1800)
+                            capture_output=True, text=True, cwd=ROOT, timeout=backstop(paths, 300))
     assert result.returncode == 0, result.stderr
     return {Path(s["path"]).relative_to(tmp).as_posix(): s for s in json.loads(result.stdout)["submissions"]}
 

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -22,7 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse.grading import codec, judge, watch
+from grading_budgets import backstop, program_backstop, submission_budget
+
+from mpcourse.grading import codec, grader, judge, watch
 from mpcourse.grading.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions, learner_cells, load_exercise
 from mpcourse.grading.verdict import Quoted, quoted, run_test
 
@@ -80,7 +81,7 @@ def test_no_test_statement_or_reference_reaches_the_learners_process(key):
     code, every test passes, and no line of any test, visible or hidden, is in either."""
     from mpcourse.grading.sandbox import Limits, Sandbox
     exercise = EXERCISES[key]
-    deadline = time.monotonic() + 1800
+    deadline = submission_budget(exercise, f"the solution of {key}")
     sent = []
     with Sandbox(Limits(), deadline) as worker:
         def call(message):
@@ -269,7 +270,7 @@ for call in calls:
         raise SystemExit("a stubbed answer still ran")
 print("stubbed")
 """
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=program_backstop(), cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "stubbed", done.stderr[-2000:]
 
 
@@ -320,7 +321,8 @@ def test_no_hidden_test_line_reaches_a_gradebook_and_a_cast_is_evidence_not_a_ve
         (tmp_path / f"{name}.ipynb").write_bytes((FIXTURES / f"{name}.ipynb").read_bytes())
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *sorted(map(str, tmp_path.glob("*.ipynb"))),
                            "--jobs", "2", "--json", "--csv", str(tmp_path / "grades.csv")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+                          capture_output=True, text=True, cwd=ROOT,
+                          timeout=backstop(names, grader.Options().timeout, jobs=2))
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     shown = json.dumps(report) + (tmp_path / "grades.csv").read_text()
