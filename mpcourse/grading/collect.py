@@ -36,8 +36,8 @@ from mpcourse.grading.platforms.lms import LEARNERS_FILE
 
 SYSTEMS = ("canvas", "moodle")
 MAX_FILE_BYTES = 50 << 20  # the grader refuses larger notebooks anyway
-CANVAS_NAME = re.compile(r"^(?:(?P<name>.*?)_)??(?P<late>LATE_)?(?P<user>\d+|anon_[A-Za-z0-9]+)_(?P<attachment>\d+)_"
-                         r"(?P<file>.+)$")
+CANVAS_NAME = re.compile(r"^(?:(?P<name>.*?)_)??(?P<late>LATE_)?(?P<user>\d+|anon_[A-Za-z0-9]+)_"
+                         r"(?P<attachment>\d+)_(?P<file>.+)$")
 MOODLE_FOLDER = re.compile(r"^(?P<name>.+)_(?P<user>\d+)_assignsubmission_file_?$")
 MOODLE_FLAT = re.compile(r"^(?P<name>.+)_(?P<user>\d+)_assignsubmission_file_(?P<file>.+)$")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

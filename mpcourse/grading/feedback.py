@@ -100,6 +100,7 @@ def write_feedback(gradebook: str | Path, solutions: str | Path, out: str | Path
         if not result.exercise:
             continue
         learner = learner_of(result.path)
+        learner = learner if learner not in ("", ".", "..") else "unnamed"  # never a folder outside `out`
         pages[learner].append(write_atomically(out / learner / f"{result.exercise}.html",
                                                page(result, hidden.get(result.exercise, set()))))
     for learner, written in pages.items():
