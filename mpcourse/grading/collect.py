@@ -96,8 +96,8 @@ def parse(system: str, upload: Upload, roster: dict[str, str]) -> Upload | None:
         found = CANVAS_NAME.match(parts[-1])
         if not found:
             return None
-        return Upload(upload.member, upload.data, upload.when, _safe(found["user"]), found["name"] or "", found["user"],
-                      found["file"], bool(found["late"]), int(found["attachment"]))
+        return Upload(upload.member, upload.data, upload.when, _safe(found["user"]), found["name"] or "",
+                      found["user"], found["file"], bool(found["late"]), int(found["attachment"]))
     folder = next((MOODLE_FOLDER.match(part) for part in parts[:-1] if MOODLE_FOLDER.match(part)), None)
     found = folder or MOODLE_FLAT.match(parts[-1])
     if not found:
@@ -134,7 +134,7 @@ def collect(system: str, download: str | Path, out: str | Path, exercises: list[
         if upload is None:
             report.messages.append(f"cannot place {raw.member!r}: not named as a {system} download names a file")
         elif not raw.data:
-            report.messages.append(f"cannot place {raw.member!r}: empty, or larger than {MAX_FILE_BYTES >> 20} MiB")
+            report.messages.append(f"cannot place {raw.member!r}: empty, or over {MAX_FILE_BYTES >> 20} MiB")
         elif not upload.file.lower().endswith(".ipynb"):
             report.messages.append(f"{upload.learner}: cannot place {upload.file!r}: not a notebook (.ipynb)")
         elif exercise_id(upload.file) not in by_id:

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-
 from mpcourse.grading.gradebook import SubmissionResult, write_gradebook
 from mpcourse.grading.selfcheck import TestResult as Verdict
 

@@ -143,7 +143,8 @@ def grade(root: Path, config: dict, expected: list[Expected], results_path: Path
                 continue
             for _, result in grade_paths([str(copy)], exercises, plans, options, 1, budget=left):
                 if (result.error and "timed out" in result.error) or not result.graded:
-                    result.notes.append(f"the autograder's total time ({budget:g} s) left this notebook {left:.0f} s")
+                    result.notes.append(f"the autograder's total time ({budget:g} s) left this notebook "
+                                        f"{left:.0f} s")
                 graded[name] = result
                 print(format_result(result), flush=True)
             del pending[name]
