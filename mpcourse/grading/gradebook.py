@@ -5,24 +5,26 @@ the CSV) has its control characters (ANSI escapes included) and its surrogates w
 visible escapes (`\x1b`, `\ud800`); a file name that is not UTF-8 shows its raw bytes as `\xff`.
 So no text a submission returns can make printing or writing fail, nor a terminal act on it.
 Every CSV cell that a spreadsheet would read as a formula is escaped with a leading apostrophe;
-the gradebook (UTF-8 whatever the locale) is written to a temporary file and renamed over the
-old one, so it is always either the previous or the complete new one.
+the gradebook (UTF-8 whatever the locale) is written by `atomic.write_atomically`, so it is
+always either the previous or the complete new one. Each submission's wall and CPU seconds are
+recorded, so the slow one can be found; `read_gradebook` reads a gradebook back into results
+(for LMS imports, the class report and feedback files, without grading again).
 """
 from __future__ import annotations
 
 import csv
-import os
+import io
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mpcourse.grading.atomic import write_atomically
 from mpcourse.grading.selfcheck import TestResult
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
 COLUMNS = ["path", "exercise", "test", "points", "max_points", "passed", "reason", "score", "max_score",
-           "error", "notes"]
+           "error", "notes", "seconds", "cpu_seconds"]
 
 
 @dataclass
@@ -33,13 +35,14 @@ class SubmissionResult:
     max_score: float
     error: str | None
     tests: list[TestResult] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall-clock seconds its grading took
     notes: list[str] = field(default_factory=list)  # what the instructor should know besides the score
     graded: bool = True  # False: the grader could not grade it (its process died twice, a bug...)
+    cpu_seconds: float = 0.0  # CPU seconds of its grading process and every sandbox it started
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data.pop("seconds")
+        data["seconds"], data["cpu_seconds"] = round(self.seconds, 3), round(self.cpu_seconds, 3)
         return _cleaned(data)
 
 
@@ -92,7 +95,8 @@ def _is_number(text: str) -> bool:
 
 
 def format_result(r: SubmissionResult) -> str:
-    lines = [clean(f"{r.path}  [{r.exercise or '?'}]  {r.score:g}/{r.max_score:g}  ({r.seconds:.1f} s)")]
+    lines = [clean(f"{r.path}  [{r.exercise or '?'}]  {r.score:g}/{r.max_score:g}  "
+                   f"({r.seconds:.1f} s, {r.cpu_seconds:.1f} s of CPU)")]
     for note in ([r.error] if r.error else []) + r.notes:
         lines.append("  note: " + clean(note))
     for t in r.tests:
@@ -107,28 +111,55 @@ def format_summary(results: list[SubmissionResult]) -> str:
     for r in results:
         lines.append(f"{clean(r.path):<{width}}  {(r.exercise or '?'):<22}{f'{r.score:g}/{r.max_score:g}':>10}"
                      f"{r.seconds:>8.1f}s")
-    lines.append(f"{len(results)} submission(s), {sum(r.seconds for r in results):.1f} seconds of grading")
+    lines.append(f"{len(results)} submission(s), {sum(r.seconds for r in results):.1f} seconds of grading, "
+                 f"{sum(r.cpu_seconds for r in results):.1f} of CPU")
+    if results:
+        slowest = max(results, key=lambda r: r.seconds)
+        lines.append(clean(f"slowest: {slowest.path}, {slowest.seconds:.1f} s"))
     return "\n".join(lines)
 
 
 def write_gradebook(results: list[SubmissionResult], path: str | Path) -> None:
     """One row per submission and test, written atomically (a reader never sees half a file)."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(handle, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            for r in results:
-                for t in r.tests or [None]:
-                    row = [r.path, r.exercise or "", t.id if t else "", t.points if t else 0,
-                           t.max_points if t else 0, t.passed if t else False, (t.reason or "") if t else "",
-                           r.score, r.max_score, r.error or "", "; ".join(r.notes)]
-                    writer.writerow([spreadsheet_cell(cell) for cell in row])
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(COLUMNS)
+    for r in results:
+        for t in r.tests or [None]:
+            row = [r.path, r.exercise or "", t.id if t else "", t.points if t else 0,
+                   t.max_points if t else 0, t.passed if t else False, (t.reason or "") if t else "",
+                   r.score, r.max_score, r.error or "", "; ".join(r.notes), f"{r.seconds:.3f}",
+                   f"{r.cpu_seconds:.3f}"]
+            writer.writerow([spreadsheet_cell(cell) for cell in row])
+    write_atomically(path, text.getvalue())
+
+
+def unescaped(cell: str) -> str:
+    """A gradebook cell as it was before `spreadsheet_cell` escaped a formula-like start."""
+    return cell[1:] if cell.startswith("'") and cell[1:].startswith(FORMULA_START) else cell
+
+
+def read_gradebook(path: str | Path) -> list[SubmissionResult]:
+    """The submissions of a gradebook `write_gradebook` wrote, in its order (notes split back
+    into a list; a gradebook from before timings were recorded reads as 0 seconds)."""
+    results: dict[str, SubmissionResult] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"path", "exercise", "test", "points", "max_points", "passed", "score", "max_score"} - set(
+            reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{str(path)!r} is not a gradebook of `mpcourse grade --csv`: it lacks the "
+                             f"column(s) {', '.join(sorted(missing))}")
+        for row in reader:
+            row = {key: unescaped(value or "") for key, value in row.items()}
+            result = results.get(row["path"])
+            if result is None:
+                result = results[row["path"]] = SubmissionResult(
+                    row["path"], row["exercise"] or None, float(row["score"]), float(row["max_score"]),
+                    row.get("error") or None, notes=[n for n in (row.get("notes") or "").split("; ") if n],
+                    seconds=float(row.get("seconds") or 0), cpu_seconds=float(row.get("cpu_seconds") or 0),
+                    graded=not (row.get("error") or "").startswith(("not graded", "grading failed")))
+            if row["test"]:
+                result.tests.append(TestResult(row["test"], float(row["points"]), float(row["max_points"]),
+                                               row["passed"] == "True", row.get("reason") or None))
+    return list(results.values())

@@ -21,6 +21,7 @@ For each submission:
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 import warnings
@@ -35,6 +36,7 @@ from mpcourse.grading.exercise import Exercise, exercise_id, find_solutions, lea
 from mpcourse.grading.gradebook import (SubmissionResult, format_result, format_summary, not_graded_report,
                                        write_gradebook)
 from mpcourse.grading.pool import OutOfTime, grade_in_processes
+from mpcourse.grading.progress import Progress, json_line
 from mpcourse.grading.sandbox import (USER, WALL_FACTOR, Budget, Limits, RequestFailed, Sandbox, WorkerGone,
                                       choose_isolation)
 from mpcourse.grading.selfcheck import TestResult
@@ -317,6 +319,42 @@ def _not_graded(path, exercise: Exercise | None, why: str) -> SubmissionResult:
                                                    for t in (exercise.tests if exercise else ())], graded=False)
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the sandboxes it has closed, each counted as its budgets
+    count it (its control group, or its processes), so a learner's `setsid` children count too."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime + Sandbox.closed_cpu_seconds
+
+
+def grade_paths(paths: list, exercises: dict[str, Exercise], plans: dict, options: Options, jobs: int,
+                budget: float | None = None):
+    """Grade `paths` in the grading pool; yield (index, SubmissionResult) as each finishes.
+
+    This is how `mpcourse grade` and Gradescope's harness both grade: each submission in a
+    grading process of its own, under its own memory and time limit (at most `budget` seconds
+    when one is given), its wall and CPU seconds recorded; one that cannot be graded still
+    yields a result saying why."""
+    def exercise_of(path):
+        return exercises.get(exercise_id(Path(path).name) or "")
+
+    def timed(path):
+        cpu = _cpu_seconds()
+        result = grade_submission(path, exercises, plans, options)
+        result.cpu_seconds = _cpu_seconds() - cpu
+        return result
+
+    def seconds_for(path):
+        limit = submission_backstop(exercise_of(path), options)
+        return limit if budget is None else max(1.0, min(limit, budget))
+
+    for index, result, why in grade_in_processes(paths, timed, seconds_for, jobs,
+                                                 _address_space() + options.grader_memory):
+        if result is None:
+            result = _not_graded(paths[index], exercise_of(paths[index]), why)
+            result.seconds = seconds_for(paths[index]) if "ran past" in why else 0.0
+        yield index, result
+
+
 def grade_command(args) -> int:
     """Grade `args.paths`; exit status 0 when every submission was graded, NOT_GRADED when some
     could not be (each named on stderr, with why), 2 for bad arguments."""
@@ -345,25 +383,24 @@ def grade_command(args) -> int:
         for problem in plan.problems if isinstance(plan, judge.Plan) else [f"{key}: {plan}"]:
             print(f"mpcourse grade: warning: {problem}", file=sys.stderr)
 
-    def exercise_of(path):
-        return exercises.get(exercise_id(Path(path).name) or "")
-
-    results, shown = [None] * len(args.paths), 0
-    for index, result, why in grade_in_processes(
-            list(args.paths), lambda path: grade_submission(path, exercises, plans, options),
-            lambda path: submission_backstop(exercise_of(path), options), args.jobs,
-            _address_space() + options.grader_memory):
-        results[index] = result or _not_graded(args.paths[index], exercise_of(args.paths[index]), why)
+    results = [None] * len(args.paths)
+    progress, shown = Progress(len(args.paths)), 0
+    for index, result in grade_paths(list(args.paths), exercises, plans, options, args.jobs):
+        results[index] = result
+        progress.done(result)
+        if getattr(args, "jsonl", False):
+            print(json_line(index, result), flush=True)
         while shown < len(results) and results[shown] is not None:  # in the order given
-            if not args.json:
-                print(format_result(results[shown]), flush=True)
+            if not args.json and not getattr(args, "jsonl", False):
+                progress.bar.write(format_result(results[shown]), file=sys.stdout)
             shown += 1
+    progress.close()
     cgroup.sweep()
     if args.csv:
         write_gradebook(results, args.csv)
-    if args.json:
+    if args.json and not getattr(args, "jsonl", False):
         print(json.dumps({"submissions": [r.to_json() for r in results]}, indent=1, ensure_ascii=True))
-    else:
+    elif not args.json and not getattr(args, "jsonl", False):
         print(format_summary(results))
     if report := not_graded_report(results):
         print(f"mpcourse grade: {report}", file=sys.stderr)

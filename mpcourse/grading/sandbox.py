@@ -431,6 +431,8 @@ class Sandbox:
     (--unsafe-no-sandbox) in a temporary folder, as the grader's user. `deadline`: the `Budget`
     of its start (a bare `time.monotonic()` deadline is taken as wall clock only)."""
 
+    closed_cpu_seconds = 0.0  # CPU time of every sandbox this process has closed: a submission's cost
+
     def __init__(self, limits: Limits, deadline: Budget | float, sandboxed: bool = True, trusted: bool = False,
                  kind: str | None = None):
         self.limits, self.printed, self.flooded, self.tail = limits, 0, False, b""
@@ -617,6 +619,8 @@ class Sandbox:
         self.kill()
         self.process.wait()
         self._drain.join(timeout=5)
+        self._cpu_read = -math.inf  # its final count, before the control group goes
+        Sandbox.closed_cpu_seconds += self.cpu_seconds()
         self._release()
 
     def _release(self):

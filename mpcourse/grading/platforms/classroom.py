@@ -16,6 +16,12 @@ who edits the workflow or the tests; treat them as feedback, not as the grade.
 `python -m mpcourse.grading.platforms.classroom NOTEBOOK TEST_ID` is each step's command: it runs
 the learner's notebook once (cached by its bytes), its `check()` results, and exits 0 when the
 test passed.
+
+The install step uses the course's lock and the torch it was resolved with (`TORCH_SPEC`, the
+Makefile's LOCKED_TORCH, CPU wheels), so the learner's run uses the versions the course was
+tested with. `--exercises` is a path inside the course's repository, resolved from the course's
+root (the nearest folder upwards holding pyproject.toml, else the checkout mpcourse is imported
+from), wherever the command is run.
 """
 from __future__ import annotations
 
@@ -58,18 +64,34 @@ def step_id(exercise: str, test_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", f"{exercise[:4]}-{test_id}").strip("-").lower()
 
 
-def workflow(exercises: str | Path, timeout_minutes: int = 10) -> tuple[dict, dict]:
+def find_course_root(start: str | Path = ".") -> Path:
+    """The nearest folder at or above `start` holding pyproject.toml (the course repository's root);
+    outside any, the checkout `mpcourse` is imported from."""
+    from mpcourse.grading.platforms.gradescope_zip import course_root
+    here = Path(start).resolve()
+    return next((folder for folder in (here, *here.parents) if (folder / "pyproject.toml").is_file()), None) \
+        or course_root()
+
+
+def workflow(exercises: str | Path, timeout_minutes: int = 10, root: str | Path | None = None) -> tuple[dict, dict]:
     """The workflow and the classroom config for every exercise notebook in `exercises`.
 
-    Paths in the commands are relative to the learner repository's root, as `exercises` is given.
+    `exercises` is resolved from the course's root (`root`, or the one above the current folder);
+    paths in the commands are relative to that root, as the learner's repository lays them out.
     """
-    folder = Path(exercises)
+    from mpcourse.grading.platforms.gradescope_zip import locked_torch
+    root = Path(root).resolve() if root else find_course_root()
+    folder = (root / exercises).resolve()
+    if not folder.is_relative_to(root):
+        raise ValueError(f"--exercises {str(exercises)!r} lies outside the course's root {str(root)!r}")
     notebooks = sorted(folder.glob("ex[0-9][0-9]_*.ipynb"))
     if not notebooks:
-        raise ValueError(f"no exercise notebooks (exNN_*.ipynb) in {str(folder)!r}: pass --exercises DIR")
+        raise ValueError(f"no exercise notebooks (exNN_*.ipynb) in {str(folder)!r}: pass --exercises DIR, "
+                         f"a folder of the course's root {str(root)!r}")
+    folder = folder.relative_to(root)
     steps = [{"name": "Checkout code", "uses": "actions/checkout@v4"},
              {"name": "Set up Python", "uses": "actions/setup-python@v5", "with": {"python-version": "3.11"}},
-             {"name": "Install the course", "run": INSTALL}]
+             {"name": "Install the course", "env": {"TORCH_SPEC": locked_torch(root)}, "run": INSTALL}]
     config, runners = {"tests": []}, []
     for notebook in notebooks:
         for test_id, points in visible_tests(notebook):
@@ -101,9 +123,13 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def write_classroom(exercises: str | Path, out: str | Path, timeout_minutes: int = 10) -> list[Path]:
-    """Write .github/workflows/classroom.yml and .github/classroom/autograding.json under `out`."""
-    flow, config = workflow(exercises, timeout_minutes)
+def write_classroom(exercises: str | Path, out: str | Path | None, timeout_minutes: int = 10,
+                    root: str | Path | None = None) -> list[Path]:
+    """Write .github/workflows/classroom.yml and .github/classroom/autograding.json under `out`
+    (the course's root when None)."""
+    root = Path(root).resolve() if root else find_course_root()
+    flow, config = workflow(exercises, timeout_minutes, root)
+    out = root if out is None else out
     workflow_path = Path(out) / ".github" / "workflows" / "classroom.yml"
     config_path = Path(out) / ".github" / "classroom" / "autograding.json"
     for path in (workflow_path, config_path):

@@ -5,20 +5,25 @@ docs/specs.md, last changed 2023-05-05, read at the repository's snapshot of 202
 `tests` list of `name`, `score`, `max_score`, `status`, `output`, `visibility`, and top-level
 `output` and `execution_time`. Every text field is sent as plain text (`"text"` formats): reasons
 and notes may quote what a submission chose, so nothing in them is rendered as HTML or Markdown.
+
+The same page says that while tests are hidden, learners cannot see their total score. So no
+results.json ever states a total (no top-level `score`), and for an exercise with hidden tests
+the top-level `output` says only that it was graded, never its score: each visible test shows its
+own points, and nothing adds the hidden ones up in sight of the learner.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mpcourse.grading.atomic import write_atomically
 from mpcourse.grading.gradebook import SubmissionResult, clean
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 HIDDEN_CHOICES = ("after_published", "hidden", "after_due_date")  # what a test with hidden lines may be
 MAX_OUTPUT_CHARS = 4000
+NOT_SUBMITTED = "not submitted"
 
 
 @dataclass(frozen=True)
@@ -36,22 +41,24 @@ def shown(text, limit: int = MAX_OUTPUT_CHARS) -> str:
 
 
 def results_json(expected: list[Expected], graded: dict[str, SubmissionResult], hidden_visibility: str,
-                 problems: list[str] = (), seconds: float = 0.0) -> dict:
+                 problems: list[str] = (), seconds: float = 0.0, waiting: dict[str, str] | None = None) -> dict:
     """results.json for one Gradescope submission.
 
-    `graded` maps an exercise name to its result; an expected exercise without one scores 0
-    with the reason in `problems` (or "not submitted"). Tests with hidden lines get
-    `hidden_visibility`; the others are visible. The top level says, per exercise, the score,
-    the submission's error and the gradebook's notes.
+    `graded` maps an exercise name to its result. An expected exercise without one scores 0, with
+    the reason `waiting` gives for it ("grading did not finish", "the autograder could not
+    start...") or "not submitted". Tests with hidden lines get `hidden_visibility`; the others are
+    visible. The top level lists `problems` (files that could not be placed, re-uploads) and, per
+    exercise, its score (only when it has no hidden tests), its error and the gradebook's notes.
     """
     if hidden_visibility not in HIDDEN_CHOICES:
         raise ValueError(f"hidden tests' visibility must be one of {', '.join(HIDDEN_CHOICES)}, "
                          f"got {hidden_visibility!r}")
+    waiting = waiting or {}
     tests, lines = [], [shown(problem) for problem in problems]
     for number, exercise in enumerate(expected, 1):
         result = graded.get(exercise.name)
         by_id = {t.id: t for t in result.tests} if result else {}
-        why_missing = result.error if result and result.error else "not submitted"
+        why_missing = (result.error if result and result.error else None) or waiting.get(exercise.name, NOT_SUBMITTED)
         for index, (test_id, points) in enumerate(exercise.tests, 1):
             got = by_id.get(test_id)
             passed = bool(got and got.passed)
@@ -60,11 +67,13 @@ def results_json(expected: list[Expected], graded: dict[str, SubmissionResult], 
                           "score": float(got.points) if got else 0.0, "max_score": float(points),
                           "status": "passed" if passed else "failed", "output": shown(reason),
                           "visibility": hidden_visibility if test_id in exercise.hidden else "visible"})
-        total = sum(points for _, points in exercise.tests)
         if result is None:
-            lines.append(f"{exercise.name}: 0/{total:g}, not submitted (expected a notebook named {exercise.name}.ipynb)")
+            lines.append(f"{exercise.name}: {shown(why_missing, 300)}" + (
+                f" (expected a notebook named {exercise.name}.ipynb)" if why_missing == NOT_SUBMITTED else ""))
             continue
-        lines.append(f"{exercise.name}: {result.score:g}/{total:g}")
+        total = sum(points for _, points in exercise.tests)
+        lines.append(f"{exercise.name}: graded; its total is not shown while some of its tests are hidden" if exercise.hidden
+                     else f"{exercise.name}: {result.score:g}/{total:g}")
         lines.extend(f"  {shown(note, 500)}" for note in ([result.error] if result.error else []) + list(result.notes))
     return {"output": "\n".join(lines), "output_format": "text", "test_output_format": "text",
             "test_name_format": "text", "stdout_visibility": "hidden", "execution_time": round(seconds),
@@ -72,14 +81,6 @@ def results_json(expected: list[Expected], graded: dict[str, SubmissionResult], 
 
 
 def write_results(results: dict, path: str | Path) -> None:
-    """Write results.json in one step (a reader sees the old file or the whole new one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".results.", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write results.json in one step (a reader sees the old file or the whole new one), readable
+    by its owner alone: in Gradescope's container that is root, not the learner's code."""
+    write_atomically(path, json.dumps(results, indent=1), mode=0o600)

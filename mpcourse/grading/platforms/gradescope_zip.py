@@ -22,6 +22,7 @@ import mpcourse
 from mpcourse.grading.exercise import BEGIN_HIDDEN, is_test_cell
 from mpcourse.grading.grader import load_exercises
 from mpcourse.grading.platforms.gradescope_results import HIDDEN_CHOICES
+from mpcourse.grading.platforms.gradescope_run import DEFAULT_TOTAL_SECONDS
 
 CONFIG = "mpcourse-autograder.json"
 LOCK_FILE = "requirements-lock.txt"  # the course's locked dependencies (with hashes), beside pyproject.toml
@@ -119,15 +120,19 @@ def course_root() -> Path:
 
 def build_autograder(solutions: str | Path, out: str | Path, exercises: list[str] | None = None,
                      hidden_visibility: str = "after_published", timeout: float = 120.0,
-                     allow_unsandboxed: bool = False) -> dict:
+                     allow_unsandboxed: bool = False, total_seconds: float = DEFAULT_TOTAL_SECONDS) -> dict:
     """Write the Gradescope autograder zip `out` for `exercises` (ids or names; None: all of them).
 
+    `total_seconds` bounds a whole run of `run_autograder`: set it below the autograder timeout of
+    the assignment's Gradescope settings, so results.json is final before Gradescope stops it.
     Returns the configuration written into the zip.
     """
     if hidden_visibility not in HIDDEN_CHOICES:
         raise ValueError(f"--hidden-visibility must be one of {', '.join(HIDDEN_CHOICES)}, got {hidden_visibility!r}")
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
+    if not total_seconds > 0:
+        raise ValueError(f"--total-seconds must be positive, got {total_seconds}")
     solutions = Path(solutions)
     loaded = load_exercises(solutions)  # every solution parses, tests and points included
     by_name = {exercise.name: key for key, exercise in loaded.items()}
@@ -137,7 +142,7 @@ def build_autograder(solutions: str | Path, out: str | Path, exercises: list[str
         raise ValueError(f"no solution for {', '.join(map(repr, unknown))} in {str(solutions)!r}; "
                          f"known: {', '.join(sorted(by_name))}")
     chosen = [loaded[key] for key in dict.fromkeys(keys)]
-    config = {"format": 1, "hidden_visibility": hidden_visibility, "timeout": timeout,
+    config = {"format": 1, "hidden_visibility": hidden_visibility, "timeout": timeout, "total_seconds": total_seconds,
               "allow_unsandboxed": allow_unsandboxed,
               "exercises": [{"name": e.name, "tests": [[t.id, t.points] for t in e.tests],
                              "hidden": hidden_test_ids(solutions / f"{e.name}.ipynb")} for e in chosen]}
