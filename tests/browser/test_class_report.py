@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from mpcourse.grading.gradebook import SubmissionResult, write_gradebook
+from mpcourse.grading.grader import Options
+from mpcourse.grading.sandbox import WALL_FACTOR
 from mpcourse.grading.selfcheck import TestResult as Verdict
 
 EXERCISES = {"ex00_bytes": ["fp32_ten_million", "fp16_ten_million", "bf16_matches_torch", "any_size_matches_torch"],
@@ -45,7 +47,8 @@ def report_page(tmp_path_factory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("report")
     write_gradebook(generated_class(), folder / "gradebook.csv")
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "report", "gradebook.csv", "--out", "report.html"],
-                          capture_output=True, text=True, cwd=folder, timeout=600)
+                          capture_output=True, text=True, cwd=folder,
+                          timeout=Options().timeout * WALL_FACTOR)  # one grader budget's backstop
     assert done.returncode == 0, done.stderr
     return folder / "gradebook.csv", folder / "report.html"
 
