@@ -23,7 +23,9 @@ from pathlib import Path
 from mpcourse.benchmark import compare
 from mpcourse.grading import judge
 from mpcourse.grading.grader import Options, grade_submission, load_exercises
-from mpcourse.grading.sandbox import Budget, Limits, Sandbox, choose_isolation
+from mpcourse.grading.isolation import choose_isolation
+from mpcourse.grading.limits import Budget, Limits
+from mpcourse.grading.sandbox import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PER_MINUTE = 30

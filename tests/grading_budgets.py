@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mpcourse.grading import grader
 from mpcourse.grading.exercise import exercise_id, load_exercise
-from mpcourse.grading.sandbox import WALL_FACTOR, Budget
+from mpcourse.grading.limits import WALL_FACTOR, Budget
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from grading_budgets import backstop, cpu_hogs, sandbox_processes, stop, submission_budget
-from mpcourse.grading import codec, gradebook, judge
+from mpcourse.grading import codec, gradebook
 from mpcourse.grading import selfcheck as check_module
 from mpcourse.grading.exercise import HIDDEN_NOTE, load_exercise
 from mpcourse.grading.release import release_all, release_notebook
-from mpcourse.grading.sandbox import Budget
+from mpcourse.grading.limits import Budget
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -242,7 +242,8 @@ def test_check_gives_the_graders_verdict_test_by_test(graded, name):
     compared where it is wholly visible only: check() runs what the learner sees, so it may pass
     a test whose hidden lines fail (ex09_wrong_loops' loop A)."""
     from mpcourse.grading.exercise import learner_cells
-    from mpcourse.grading.sandbox import Limits, Sandbox
+    from mpcourse.grading.limits import Limits
+    from mpcourse.grading.sandbox import Sandbox
     path = FIXTURES / f"{name}.ipynb"
     exercise = load_exercise(ROOT / "solutions" / f"{MANIFEST[name]['exercise']}.ipynb")
     deadline = submission_budget(exercise, f"check() on {name}")
@@ -412,7 +413,8 @@ def test_the_gradebook_is_replaced_atomically(tmp_path):
 def test_a_worker_computes_with_the_graders_kernel_settings(monkeypatch, sandboxed):
     """Behavioural tests compare the learner's run with the solution's reference run to float
     tolerance: the worker must pick the kernels and threads the grader's own processes pick."""
-    from mpcourse.grading.sandbox import Limits, Sandbox
+    from mpcourse.grading.limits import Limits
+    from mpcourse.grading.sandbox import Sandbox
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MPCOURSE_NOT_FOR_THE_WORKER", "secret")

@@ -22,10 +22,12 @@ import pytest
 import torch
 
 from grading_budgets import backstop, sandbox_processes
-from mpcourse.grading import codec, gradebook, grader, pool, seccomp
+from mpcourse.grading import class_run, codec, gradebook, grader, pool, seccomp
 from mpcourse.grading.gradebook import SubmissionResult
 from mpcourse.grading.pool import grade_in_processes
-from mpcourse.grading.sandbox import FIRST_UID, Budget, Limits, Sandbox, WorkerGone
+from mpcourse.grading.isolation import FIRST_UID
+from mpcourse.grading.limits import Budget, Limits
+from mpcourse.grading.sandbox import Sandbox, WorkerGone
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -173,7 +175,7 @@ def test_the_grader_stays_small_whatever_the_hostile_replies():
         import json, resource, time
         from mpcourse.grading import judge
         from mpcourse.grading.grader import Options, grade_submission, load_exercises
-        from mpcourse.grading.sandbox import Budget, Limits
+        from mpcourse.grading.limits import Budget, Limits
         exercises = load_exercises({str(ROOT / "solutions")!r})
         plans = {{"ex00": judge.calibrate(exercises["ex00"], Budget(300), Limits())}}
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -230,7 +232,7 @@ def test_the_exit_status_says_which_submission_could_not_be_graded_and_why(tmp_p
     monkeypatch.setattr(grader, "grade_submission", lambda path, *args: _fake_grade(tmp_path)(path))
     args = SimpleNamespace(paths=["honest_a", "always_killed", "honest_b"], solutions=str(ROOT / "solutions"),
                            timeout=60.0, jobs=2, csv=str(tmp_path / "grades.csv"), json=False, unsafe_no_sandbox=False)
-    assert grader.grade_command(args) == grader.NOT_GRADED
+    assert class_run.grade_command(args) == class_run.NOT_GRADED
     out, err = capsys.readouterr()
     assert "1 submission(s) could not be graded: always_killed: not graded: its grading process died: killed by " \
            "SIGKILL" in err

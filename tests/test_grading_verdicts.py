@@ -79,7 +79,8 @@ def test_no_test_statement_or_reference_reaches_the_learners_process(key):
     """The learner's process records every source compiled from a string and every code object it
     executes; the grader records every message it sends there. Graded with the solution's own
     code, every test passes, and no line of any test, visible or hidden, is in either."""
-    from mpcourse.grading.sandbox import Limits, Sandbox
+    from mpcourse.grading.limits import Limits
+    from mpcourse.grading.sandbox import Sandbox
     exercise = EXERCISES[key]
     deadline = submission_budget(exercise, f"the solution of {key}")
     sent = []

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -285,7 +286,7 @@ def test_with_no_sandbox_of_any_kind_the_learner_is_told_the_submission_was_rece
     """Where neither sandbox can start (not root, no bwrap), every test gets 0 with a message
     that the submission arrived, never "not submitted". Simulated in process: as root here, the
     fallback would start."""
-    from mpcourse.grading.sandbox import NONE, Isolation
+    from mpcourse.grading.isolation import NONE, Isolation
     root = gradescope_root(tmp_path, ex00_zip)
     (root / "submission" / "ex00_bytes.ipynb").write_bytes((ROOT / "solutions" / "ex00_bytes.ipynb").read_bytes())
     monkeypatch.setattr(gradescope_run, "choose_isolation", lambda: Isolation(NONE, "no sandbox here (simulated)"))

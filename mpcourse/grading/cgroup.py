@@ -8,7 +8,7 @@ all its processes together, however they were started (threads, forks, `setsid`)
 - **one CPU weight** (`cpu.shares` in v1, `cpu.weight` in v2): 32 spinners in one sandbox share
   what one classmate's sandbox gets, instead of 32 times as much;
 - its CPU time, all processes together (`cpuacct.usage` in v1, `cpu.stat`'s usage_usec in v2):
-  the time budgets of `sandbox.Budget` are this, so a busy machine slows a submission without
+  the time budgets of `limits.Budget` are this, so a busy machine slows a submission without
   running its budget down.
 
 The grader makes the group under its own, in cgroup v2 or v1 (one folder per hierarchy:

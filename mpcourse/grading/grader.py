@@ -1,4 +1,4 @@
-"""`mpcourse grade`: score submitted notebooks, treating every one as hostile.
+"""Grading one submission, and a class in the grading pool, treating every submission as hostile.
 
 For each submission:
 1. The exercise comes from the file name; the tests, hidden ones included, from the solution
@@ -10,7 +10,7 @@ For each submission:
 3. Each test runs here, with the learner's functions called through the sandbox on data
    (`judge`): no test code enters the sandbox, and the verdict is computed in this process. Each
    test has its own time budget: a test that runs out fails alone, and the points earned before
-   it stay. Budgets are CPU time of the sandbox (`sandbox.Budget`), `--timeout` seconds for the
+   it stay. Budgets are CPU time of the sandbox (`limits.Budget`), `--timeout` seconds for the
    cells at each start and again for each test, with a wall-clock backstop `WALL_FACTOR` times
    larger: a busy machine slows grading down without turning honest work into a timeout.
 4. Whatever happens, the submission gets a score and a one-line reason, and grading goes on.
@@ -20,9 +20,7 @@ For each submission:
 """
 from __future__ import annotations
 
-import json
 import resource
-import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -31,14 +29,13 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading import cgroup, judge
+from mpcourse.grading import judge
 from mpcourse.grading.exercise import Exercise, exercise_id, find_solutions, learner_cells, load_exercise
-from mpcourse.grading.gradebook import (SubmissionResult, format_result, format_summary, not_graded_report,
-                                       write_gradebook)
+from mpcourse.grading.gradebook import SubmissionResult
 from mpcourse.grading.pool import OutOfTime, grade_in_processes
-from mpcourse.grading.progress import Progress, json_line
-from mpcourse.grading.sandbox import (USER, WALL_FACTOR, Budget, Limits, RequestFailed, Sandbox, WorkerGone,
-                                      choose_isolation)
+from mpcourse.grading.isolation import USER, choose_isolation
+from mpcourse.grading.limits import WALL_FACTOR, Budget, Limits
+from mpcourse.grading.sandbox import RequestFailed, Sandbox, WorkerGone
 from mpcourse.grading.selfcheck import TestResult
 from mpcourse.grading.verdict import first_line
 
@@ -50,8 +47,6 @@ UNSAFE_NOTE = ("graded WITHOUT a sandbox (--unsafe-no-sandbox): the submission c
 FALLBACK_NOTE = ("graded in the fallback sandbox (an unprivileged user, no namespaces: bubblewrap cannot "
                  "run here); see `mpcourse grade`'s first line for what it does not isolate")
 
-
-NOT_GRADED = 3  # the exit status when some submission could not be graded
 
 
 @dataclass(frozen=True)
@@ -353,56 +348,3 @@ def grade_paths(paths: list, exercises: dict[str, Exercise], plans: dict, option
             result = _not_graded(paths[index], exercise_of(paths[index]), why)
             result.seconds = seconds_for(paths[index]) if "ran past" in why else 0.0
         yield index, result
-
-
-def grade_command(args) -> int:
-    """Grade `args.paths`; exit status 0 when every submission was graded, NOT_GRADED when some
-    could not be (each named on stderr, with why), 2 for bad arguments."""
-    sys.stdout.reconfigure(errors="backslashreplace")  # whatever the terminal's encoding
-    try:
-        solutions = (Path(args.solutions) if args.solutions else default_solutions()).resolve()
-        exercises = load_exercises(solutions)
-    except ValueError as error:
-        print(f"mpcourse grade: {error}", file=sys.stderr)
-        return 2
-    for name, value, low in (("--timeout", args.timeout, 0), ("--jobs", args.jobs, 0)):
-        if value is None or value <= low:
-            print(f"mpcourse grade: {name} must be positive, got {value}", file=sys.stderr)
-            return 2
-    if args.unsafe_no_sandbox:
-        print(f"mpcourse grade: WARNING: {UNSAFE_NOTE}", file=sys.stderr)
-    elif not (isolation := choose_isolation()).usable:
-        print(f"mpcourse grade: refusing to run submissions without a sandbox: {isolation.problem}", file=sys.stderr)
-        return 2
-    else:
-        print(f"mpcourse grade: {isolation.summary()}", file=sys.stderr)
-    options = Options(timeout=args.timeout, sandboxed=not args.unsafe_no_sandbox, solutions=solutions)
-    keys = [exercise_id(Path(p).name) for p in args.paths]
-    plans = plan_exercises(exercises, [k for k in keys if k in exercises], args.jobs, options)
-    for key, plan in sorted(plans.items()):
-        for problem in plan.problems if isinstance(plan, judge.Plan) else [f"{key}: {plan}"]:
-            print(f"mpcourse grade: warning: {problem}", file=sys.stderr)
-
-    results = [None] * len(args.paths)
-    progress, shown = Progress(len(args.paths)), 0
-    for index, result in grade_paths(list(args.paths), exercises, plans, options, args.jobs):
-        results[index] = result
-        progress.done(result)
-        if getattr(args, "jsonl", False):
-            print(json_line(index, result), flush=True)
-        while shown < len(results) and results[shown] is not None:  # in the order given
-            if not args.json and not getattr(args, "jsonl", False):
-                progress.bar.write(format_result(results[shown]), file=sys.stdout)
-            shown += 1
-    progress.close()
-    cgroup.sweep()
-    if args.csv:
-        write_gradebook(results, args.csv)
-    if args.json and not getattr(args, "jsonl", False):
-        print(json.dumps({"submissions": [r.to_json() for r in results]}, indent=1, ensure_ascii=True))
-    elif not args.json and not getattr(args, "jsonl", False):
-        print(format_summary(results))
-    if report := not_graded_report(results):
-        print(f"mpcourse grade: {report}", file=sys.stderr)
-        return NOT_GRADED
-    return 0

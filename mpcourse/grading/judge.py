@@ -5,14 +5,14 @@ Every test, visible or hidden, runs where the judging happens: in the grader's p
 own functions (`worker.Answers`), with inputs the test chose:
 
 - Each answer name in the test's namespace is an `AnswerProxy`. Calling it sends the arguments
-  as data (`codec.Sender`): numbers, tensors with their gradients, and the models, optimizers and
+  as data (`states.Sender`): numbers, tensors with their gradients, and the models, optimizers and
   scalers a test hands the learner's code, as their classes and states. The learner's side
   rebuilds them, runs the learner's function, and sends back its result and every object's state
   after the call, which the proxy applies to the test's own objects. So an in-place change to an
   input is seen by the test, in the grader as in `check()`.
 - A test's statements, its references (models, optimizers and training loops included) and its
   hidden lines never reach the learner's process: only data does. What a test needs to observe
-  inside a call (the dtype of a layer's output...) it asks for by name (`codec.watch`).
+  inside a call (the dtype of a layer's output...) it asks for by name (`states.watch`).
 - `check()` serves the same requests from the kernel's namespace through the same JSON, so the
   test meets the same types in both places and the two give the same verdict test by test.
 """
@@ -25,7 +25,7 @@ import threading
 import types
 from dataclasses import dataclass, field
 
-from mpcourse.grading import codec
+from mpcourse.grading import codec, states
 from mpcourse.grading.sandbox import RequestFailed
 from mpcourse.grading.verdict import NoAnswer, bounded, run_test
 
@@ -72,7 +72,7 @@ class AnswerProxy:
         self.evidence: set[str] = set()
 
     def __call__(self, *args, **kwargs):
-        sender = codec.Sender()
+        sender = states.Sender()
         message = {"op": "call", "name": self._name, "args": sender.encode(list(args)),
                    "kwargs": sender.encode(kwargs), "watch": list(self._watch)}
         reply = self._call(message)

@@ -10,7 +10,7 @@ grader treats every reply as untrusted data (`codec.decode`), never as a verdict
 
 Requests (`op`): `run_cell` (a learner's code cell), `stub` (the library answers the exercise asks
 for), `describe` (what each answer name holds), `value`, `call` and `code_names` (one answer, for
-a test running in the grader). A `call` brings its arguments as data (`codec.Sender`): the models,
+a test running in the grader). A `call` brings its arguments as data (`states.Sender`): the models,
 optimizers and scalers a test hands the learner's function are rebuilt here from their classes
 and states, and their states after the call go back. No test code ever comes here.
 """
@@ -30,11 +30,12 @@ def _load(name):
     """A sibling module by path: this process must not import mpcourse (and its dependencies)."""
     spec = importlib.util.spec_from_file_location(f"_mpcourse_grading_{name}", Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where a sibling finds it (`states` takes this `codec`)
     spec.loader.exec_module(module)
     return module
 
 
-codec, verdict, stubs = _load("codec"), _load("verdict"), _load("stubs")
+codec, states, verdict, stubs = _load("codec"), _load("states"), _load("verdict"), _load("stubs")
 seccomp, landlock = _load("seccomp"), _load("landlock")
 dumps, loads = json.dumps, json.loads  # taken before any learner code can replace them
 
@@ -134,12 +135,12 @@ class Answers:
         return {"value": codec.encode(self.answer(name))}
 
     def call(self, name, args, kwargs, watch=()):
-        """Call one answer on objects rebuilt from the test's arguments (`codec.Receiver`); reply
+        """Call one answer on objects rebuilt from the test's arguments (`states.Receiver`); reply
         with its result or exception and every object's state after the call. `watch`: dtypes
         the exercise asks the learner to produce by hand; a torch op making a tensor of one
         becomes evidence (data for an instructor's note, never a verdict: this process could
         hide it)."""
-        receiver = codec.Receiver()
+        receiver = states.Receiver()
         args, kwargs = receiver.decode(args), receiver.decode(kwargs)
         if type(args) is not list or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
             raise codec.MalformedData("a call's arguments are a list and a dict of names")

@@ -17,7 +17,7 @@ import pytest
 
 from mpcourse.grading.gradebook import SubmissionResult, write_gradebook
 from mpcourse.grading.grader import Options
-from mpcourse.grading.sandbox import WALL_FACTOR
+from mpcourse.grading.limits import WALL_FACTOR
 from mpcourse.grading.selfcheck import TestResult as Verdict
 
 EXERCISES = {"ex00_bytes": ["fp32_ten_million", "fp16_ten_million", "bf16_matches_torch", "any_size_matches_torch"],

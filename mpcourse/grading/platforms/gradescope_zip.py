@@ -7,7 +7,7 @@ solution notebooks (hidden tests included: learners never see the zip), the cour
 install, the lock file of its dependencies when the course has one, and `mpcourse-autograder.json`
 saying what to grade. In the container `run_autograder` calls `gradescope_run`, which grades with
 the same functions as `mpcourse grade`, in the same sandbox: bubblewrap where the container lets it
-make namespaces, else the fallback (an unprivileged user per submission, `sandbox.choose_isolation`).
+make namespaces, else the fallback (an unprivileged user per submission, `isolation.choose_isolation`).
 """
 from __future__ import annotations
 
