@@ -6,7 +6,9 @@
 #                  make lock          re-resolve requirements-lock.txt from pyproject.toml's ranges
 #                  make test-latest   the tests against the newest releases the ranges allow
 #
-# Both commands install requirements-lock.txt: the exact versions, with hashes, that passed.
+# Both install the exact versions, with hashes, that passed: `make lab` the runtime and JupyterLab
+# alone (requirements-lab.txt, the lock's part for them), `make test` all of requirements-lock.txt
+# (adding the test and website tools).
 #
 # Overrides: PYTHON=python3.12   the interpreter that creates .venv (3.10 or newer)
 #            TORCH_SPEC=...      what pip installs for torch (default: the locked torch==$(LOCKED_TORCH);
@@ -22,13 +24,16 @@ LOCKED_TORCH := 2.13.0
 TORCH_SPEC ?= torch==$(LOCKED_TORCH)
 TORCH_INDEX ?=
 LOCK := requirements-lock.txt
+LAB_LOCK := requirements-lab.txt
 # The optional-dependency groups of pyproject.toml (tests/test_environment.py checks the list).
 EXTRAS := lab,dev,site
 PORT ?= 8888
 TOKEN ?=
 VENV := .venv
 PY := $(VENV)/bin/python
+# The runtime and JupyterLab are installed (make lab); and the test and website tools too (make test).
 STAMP := $(VENV)/.mpcourse-installed
+DEV_STAMP := $(VENV)/.mpcourse-dev-installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # Two test files (or notebooks) at a time, with pytest-xdist; a file's tests stay in one worker,
 # so module fixtures and a notebook's cells are not split. On the course's 2 cores that made the
@@ -57,10 +62,15 @@ $(PY): | check-python
 	$(PY) -m pip install --quiet --upgrade pip
 
 # The lock first, so that torch finds its own dependencies already at their locked versions.
-$(STAMP): pyproject.toml $(LOCK) | $(PY)
-	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+$(STAMP): pyproject.toml $(LAB_LOCK) | $(PY)
+	$(PY) -m pip install --quiet --require-hashes -r $(LAB_LOCK)
 	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet --no-deps -e .
+	@touch $@
+
+# The rest of the lock: the dev and site extras' tools, at the versions that passed.
+$(DEV_STAMP): $(STAMP) $(LOCK)
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
 	@touch $@
 
 lab: check-python $(STAMP)
@@ -75,20 +85,20 @@ lab: check-python $(STAMP)
 
 # Each stage is a target of its own; tools/stages.py prints the time each took at the end.
 TEST_STAGES := unit hosted notebooks portability browser
-test: check-python $(STAMP)
+test: check-python $(DEV_STAMP)
 	@$(PY) tools/stages.py $(TEST_STAGES)
 
-unit: $(STAMP)
+unit: $(DEV_STAMP)
 	$(PY) -m pytest $(PARALLEL) tests/ --ignore=tests/browser --ignore=tests/hosted
 
 # Prints each notebook's execution time (tests/notebook_times.py).
-notebooks: $(STAMP)
+notebooks: $(DEV_STAMP)
 	$(PARALLEL_NOTEBOOKS) -p tests.notebook_times $(NBVAL) notebooks/ solutions/
 
 # The lessons as on two other CPUs: an AVX2-only one (its kernel paths, and the course's
 # decisions for a CPU that emulates both 16-bit formats), and a Xeon with AMX (bf16 and fp16
 # instructions), whose decisions differ most from AVX2's. Stored outputs must hold on both.
-portability: $(STAMP)
+portability: $(DEV_STAMP)
 	$(OTHER_KERNELS) MPCOURSE_HARDWARE=avx2 $(PARALLEL_NOTEBOOKS) -p tests.notebook_times $(NBVAL) notebooks/
 	MPCOURSE_HARDWARE=amx $(PARALLEL_NOTEBOOKS) -p tests.notebook_times $(NBVAL) notebooks/
 
@@ -98,28 +108,37 @@ outputs: $(STAMP)
 	  echo "== $$nb"; $(PY) -m jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=600 "$$nb" || exit 1; done
 
-# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found).
-browser: $(STAMP)
+# Every lesson in JupyterLab in headless Chromium (skipped, with the reason, when none is found),
+# and the website (tests/browser/test_site*.py), which axe-core audits for accessibility: npm's
+# axe-core, at the version and hash package-lock.json holds, installed into node_modules/.
+AXE := node_modules/axe-core/axe.min.js
+$(AXE): package.json package-lock.json
+	@command -v npm >/dev/null || { echo "error: the site's accessibility audit needs npm (apt-get install npm)" >&2; exit 1; }
+	npm ci --no-audit --no-fund --ignore-scripts
+	@touch $@
+
+browser: $(DEV_STAMP) $(AXE)
 	$(PY) -m pytest -rs tests/browser/
 
-# Installs as a learner would (tests/hosted): lessons 00 and 06 and exercise 01 alone in a bare
-# Python (torch, Jupyter's kernel, nbval) whose first cell installs the freshly built wheel, as it
-# installs the package in Colab or Kaggle; then every module imports from it, and it brought no
+# Installs as a learner would in Colab and Kaggle (tests/hosted): lessons 00 and 06 and exercise 01
+# run by a bare Python (torch, Jupyter's kernel, Colab's ipywidgets 7 and ml_dtypes) in each
+# platform's working folder, without the notebook's file there; the first cell installs the freshly
+# built wheel and says how to get a GPU; then every module imports from it, and it brought no
 # JupyterLab or test tools.
-hosted: $(STAMP)
+hosted: $(DEV_STAMP)
 	$(PY) -m pytest -rs tests/hosted/install_checks.py
 
 # The course as a static website in build/site, rendered from the notebooks' stored outputs
 # (nothing is executed): site/conf.py. tests/browser/test_site.py checks it in Chromium.
-site: $(STAMP)
+site: $(DEV_STAMP)
 	$(PY) -m sphinx -q -b html site build/site
 	@echo "open build/site/index.html"
 
 # The wheel and the sdist, in dist/.
-dist: $(STAMP)
+dist: $(DEV_STAMP)
 	$(PY) -m build --outdir dist .
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # Re-resolve the lock (and environment.yml's pins) from pyproject.toml's ranges with uv, in a

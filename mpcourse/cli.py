@@ -1,4 +1,8 @@
-"""The `mpcourse` command: `mpcourse <subcommand> --help` describes each one."""
+"""The `mpcourse` command: `mpcourse <subcommand> --help` describes each one.
+
+Nothing here imports torch at import time: `mpcourse --help` answers at once
+(benchmarks/bench_cli_help.py), and a command loads what it needs when it runs.
+"""
 from __future__ import annotations
 
 import argparse
@@ -232,8 +236,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "measures the arithmetic alone on a machine busy with other work")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from mpcourse.precision import RUN_PRECISIONS
+#: The commands whose options take their choices from modules that import torch.
+TORCH_OPTIONS = ("train", "compare")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line. Given `command`, the subcommand about to run ("" when none is named, as in
+    `mpcourse --help`), the options of the other TORCH_OPTIONS commands are left out, so that
+    loading torch waits until one of them runs; with None, every command has all its options."""
     parser = argparse.ArgumentParser(
         prog="mpcourse", description="The mixed-precision training course: tools for learners and instructors.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -299,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     autograder.set_defaults(handler=_autograder)
 
     train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")
+    train.set_defaults(handler=_train)
+    compare = commands.add_parser("compare", help="train in several precisions and tabulate speed, memory, loss")
+    compare.set_defaults(handler=_compare)
+    if command in (None, "train"):
+        _add_train_options(train)
+    if command in (None, "compare"):
+        _add_compare_options(compare)
+    return parser
+
+
+def _add_train_options(train: argparse.ArgumentParser) -> None:
+    from mpcourse.precision import RUN_PRECISIONS
     train.add_argument("--precision", choices=RUN_PRECISIONS, default="fp32",
                        help="(default: %(default)s)")
     _add_run_options(train)
@@ -308,9 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, default=None, metavar="N",
                        help="train on N local processes through torchrun: DDP for fp32/tf32, FSDP2 "
                             "with that param_dtype and FP32 reduction for bf16/fp16 (lesson 08)")
-    train.set_defaults(handler=_train)
 
-    compare = commands.add_parser("compare", help="train in several precisions and tabulate speed, memory, loss")
+
+def _add_compare_options(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--precisions", default="fp32,bf16,fp16",
                          help="comma-separated, from fp32, tf32, bf16, fp16 (default: %(default)s)")
     _add_run_options(compare)
@@ -321,12 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true",
                          help='print {"runs": [{"precision", "tokens_per_s", "final_loss", "eval_loss", '
                               '"peak_memory_bytes", "accelerated"}]} on stdout instead of the table')
-    compare.set_defaults(handler=_compare)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((word for word in argv if not word.startswith("-")), "")
+    args = build_parser(command).parse_args(argv)
     return args.handler(args)
 
 

@@ -64,7 +64,10 @@ def quantize_blockwise(x: torch.Tensor, code: str = "e4m3",
 
     The scale maps each block's largest magnitude onto the code's largest value; each scaled
     value becomes its nearest code (FP8: the cast, to nearest even; dynamic: the nearest entry of
-    the code book, ties towards the larger one, as bitsandbytes and torchao round).
+    the code book). A value exactly halfway between two entries goes to the larger one, as
+    torchao 0.18's `quantize_8bit_with_qmap` rounds it (`residual >= half gap`); bitsandbytes
+    0.50's pure-torch path (`torch.bucketize` on the midpoints) sends it to the smaller one.
+    Only such exact ties can differ between the two.
     """
     _check_code(code)
     if not (isinstance(block_size, int) and block_size >= 1):
@@ -91,7 +94,8 @@ def dequantize_blockwise(codes: torch.Tensor, scale: torch.Tensor, code: str = "
 
 def _nearest_entry(x: torch.Tensor, book: torch.Tensor) -> torch.Tensor:
     """The index (uint8) of the entry of the ascending `book` nearest to each value of x, ties
-    towards the larger entry. (int32 indices and in-place steps keep the temporaries few.)"""
+    towards the larger entry, as torchao rounds. (int32 indices and in-place steps keep the
+    temporaries few; `aten::index` still copies each int32 index to int64 inside the op.)"""
     last = len(book) - 1
     below = torch.searchsorted(book, x, right=True, out_int32=True).sub_(1).clamp_(0, last)
     low = book[below]

@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mpcourse.hardware import PrecisionSupport
 from mpcourse.performance import A100_SXM, H100_SXM, TERA, Device
-from mpcourse.precision import PRECISIONS
+from mpcourse.precision import PRECISIONS, PrecisionSupport
 
 GB = 10**9
 

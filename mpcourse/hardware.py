@@ -19,17 +19,9 @@ from functools import lru_cache
 
 import torch
 
-from mpcourse import cpu_profiles
+from mpcourse import cpu_profiles, gpus
 from mpcourse.course import LESSONS, Lesson
-from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS, autocast_dtype
-
-
-@dataclass(frozen=True)
-class PrecisionSupport:
-    """Whether a precision runs at all, whether dedicated hardware speeds it up, and how."""
-    supported: bool
-    accelerated: bool
-    how: str
+from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS, PrecisionSupport, autocast_dtype
 
 
 @dataclass(frozen=True)
@@ -86,7 +78,6 @@ def report() -> HardwareReport:
 def cuda_precisions(cc: tuple[int, int], device_name: str = "") -> dict[str, PrecisionSupport]:
     """What an NVIDIA GPU of compute capability `cc` (named `device_name` by torch) supports and
     accelerates: `mpcourse.gpus` knows the classes learners meet (a T4 only emulates bf16)."""
-    from mpcourse import gpus  # gpus builds on PrecisionSupport, defined here
     return gpus.precisions(cc, gpus.identify(device_name))
 
 
@@ -280,7 +271,6 @@ def format_report(r: HardwareReport) -> str:
             "see this machine.", width=96, initial_indent="profile      ",
             subsequent_indent=" " * 13))
     if r.device_type == "cuda":
-        from mpcourse import gpus
         lines.append(gpus.describe(gpus.identify(r.device_name), r.compute_capability, r.gpu_memory_bytes))
     lines += ["",
              f"{'precision':<10}{'supported':<11}{'accelerated':<13}how"]

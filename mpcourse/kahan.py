@@ -13,9 +13,12 @@ Two forms compute it:
 - `compensated_add` forms `weight + compensation + update` in FP32 and splits the result into
   a weight rounded to nearest and the compensation (what `KahanOptimizer` does around any
   optimizer);
-- `classic_kahan_add` is the form optimi (`kahan_sum=True`, 0.2+) and torchdistX's
-  AnyPrecisionAdamW run, every operation in BF16: add the update into the compensation, add the
-  compensation into the weight, and keep in the compensation what the weight did not take.
+- `classic_kahan_add` is the form optimi's for-loop and foreach paths (`kahan_sum=True`, read in
+  0.3.3) and torchdistX's AnyPrecisionAdamW run, with weight and compensation stored in BF16 and
+  four roundings: add the FP32 update into the compensation (one rounding), add the compensation
+  into the weight, and keep in the compensation what the weight did not take (one each).
+  optimi's Triton kernel (0.3+, its default on CUDA) differs: it holds the compensation plus
+  the update in FP32 registers within the step and rounds only what it stores.
 
 Unlike stochastic rounding it is deterministic, and so are its errors: the compensation is
 itself rounded to BF16 at every step, losing up to 2**-8 of its value, and an update of fixed
@@ -42,10 +45,15 @@ def compensated_add(weight: torch.Tensor, compensation: torch.Tensor,
 
 def classic_kahan_add(weight: torch.Tensor, compensation: torch.Tensor,
                       update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same sum in four 16-bit operations, each rounded to the weight's dtype, in optimi's
-    order: compensation += update; old = weight; weight += compensation;
-    compensation += old - weight."""
-    compensation = compensation + update.to(compensation.dtype)
+    """The same sum kept in 16-bit tensors, in optimi's order and with its four roundings:
+    compensation += update; old = weight; weight += compensation; compensation += old - weight.
+
+    The FP32 `update` is added into the compensation as optimi's `addcdiv_` adds it: in FP32,
+    rounded once to the compensation's dtype (the update itself is never rounded on its own).
+    The three other operations take 16-bit operands and round their result to the weight's
+    dtype, as optimi's in-place `add_` and `sub_` on BF16 tensors do.
+    """
+    compensation = (compensation.float() + update.float()).to(compensation.dtype)
     new_weight = weight + compensation
     return new_weight, compensation + (weight - new_weight)
 

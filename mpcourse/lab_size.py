@@ -30,7 +30,7 @@ import torch
 from mpcourse import gpus, hardware
 from mpcourse.memory import largest_batch
 from mpcourse.models import GPT
-from mpcourse.precision import AUTOCAST_DTYPES
+from mpcourse.precision import AUTOCAST_DTYPES, PrecisionSupport
 from mpcourse.train import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
                             RunConfig)
 
@@ -63,7 +63,7 @@ class LabSize:
         return ("fp32",) + self.fast
 
 
-def choose_lab_size(device_type: str, precisions: dict[str, hardware.PrecisionSupport],
+def choose_lab_size(device_type: str, precisions: dict[str, PrecisionSupport],
                     probe: hardware.MatmulProbe | None = None, *, gpu: gpus.GpuClass | None = None,
                     memory_bytes: int | None = None) -> LabSize:
     """The decision alone, from the device's precision table and (on a CPU) the probe's timings;
@@ -92,7 +92,7 @@ def choose_lab_size(device_type: str, precisions: dict[str, hardware.PrecisionSu
                    "finish in seconds")
 
 
-def cuda_lab_size(precisions: dict[str, hardware.PrecisionSupport], gpu: gpus.GpuClass | None,
+def cuda_lab_size(precisions: dict[str, PrecisionSupport], gpu: gpus.GpuClass | None,
                   memory_bytes: int | None) -> LabSize:
     """GPT-2 small's shape, its batch fitted to `memory_bytes` and its steps to `GPU_RUN_SECONDS`."""
     fast = tuple(p for p in SIXTEEN_BIT if precisions[p].accelerated)
@@ -135,7 +135,7 @@ def predicted_step_seconds(config: RunConfig, gpu: gpus.GpuClass, precision: str
     return flops_per_token * tokens / (gpu.device.peak(precision) * GPU_UTILISATION)
 
 
-def _why_slow(precision: str, support: hardware.PrecisionSupport, speedup: float) -> str:
+def _why_slow(precision: str, support: PrecisionSupport, speedup: float) -> str:
     if support.accelerated:  # the flags promise instructions the kernels did not use
         return (f"{precision} ran at {speedup:.2f}x although the CPU has {support.how} (torch's "
                 "kernels did not use it: is ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY set?)")

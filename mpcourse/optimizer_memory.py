@@ -49,9 +49,11 @@ BLOCK_SIZE = 256
 #: stored FP32 moment is updated in place, so only the denominator and the update are new (2); a
 #: BF16 moment is decoded into an FP32 copy (the two moments and the denominator, 3); an 8-bit
 #: moment, while the second one is encoded, adds the scaled block and a byte per code (E4M3 or
-#: E5M2: 3.25) or, for the dynamic code, the search for the nearest entry (an int32 index, the
-#: entry below, half the gap, the distance and one byte: 7.25).
-UPDATE_WORKING_SET = {"fp32": 2, "bf16": 3, "e4m3": 3.25, "e4m3+e5m2": 3.25, "dynamic": 7.25}
+#: E5M2: 3.25) or, for the dynamic code, the search for the nearest entry (`codebooks`), whose
+#: peak is the look-up of the entry above: the two moments, the scaled block, the int32 index,
+#: the entry below, the index plus one, the entry looked up, and the int64 copy of that index
+#: `aten::index` makes inside the op (two FP32 sizes; `step_memory` counts it): 9.
+UPDATE_WORKING_SET = {"fp32": 2, "bf16": 3, "e4m3": 3.25, "e4m3+e5m2": 3.25, "dynamic": 9}
 #: Stochastic rounding's working set while it writes one weight back (`formats.round_to`): the
 #: random bits, the bits of the sum, and two more int32 tensors of the weight's size.
 ROUNDING_WORKING_SET = 4
@@ -149,7 +151,8 @@ LADDER = (
     Rung("e4m3", "BF16 + SR + E4M3 moments", "torchao AdamWFp8", "stochastic", "e4m3"),
     Rung("dynamic", "BF16 + SR + dynamic-code moments", "bitsandbytes / torchao AdamW8bit",
          "stochastic", "dynamic"),
-    Rung("e5m2", "BF16 + SR + E4M3 m, E5M2 v", "section 5's remedy", "stochastic", "e4m3+e5m2"),
+    Rung("e5m2", "BF16 + SR + E4M3 m, E5M2 v",
+         "Fishman et al. 2024, section 5 (no library's default)", "stochastic", "e4m3+e5m2"),
 )
 NO_CURE = Rung("nearest", "BF16 rounded to nearest (no cure)", "lesson 09, case 10", "nearest",
                "bf16")

@@ -6,6 +6,8 @@ that says which names exist and what each means to torch.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 #: What a training run's `precision` may be: FP32; FP32 with TF32 tensor-core matmuls (CUDA);
@@ -38,3 +40,12 @@ def autocast_dtype(precision: str) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """torch's own name of a dtype without the module prefix: "bfloat16", "float32"."""
     return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class PrecisionSupport:
+    """What a device does with one precision: whether it runs at all, whether dedicated hardware
+    speeds it up, and how. `hardware` says it of this machine's CPU, `gpus` of a GPU class."""
+    supported: bool
+    accelerated: bool
+    how: str

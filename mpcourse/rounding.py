@@ -9,12 +9,9 @@ oracle and require equality bit for bit. `mpcourse.formats` describes the format
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from mpcourse.formats import FloatFormat
 
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
 
@@ -29,7 +26,30 @@ _F32_QUIET_NAN = 0x7FC00000
 _CPU_CHUNK = 1 << 17  # 512 KiB of int32: fits in L2; measured fastest on an idle 2-core machine
 
 
-def round_to(x: torch.Tensor, fmt: FloatFormat, rounding: str | None = None,
+class Grid(Protocol):
+    """What rounding needs to know of a format: its grid of values and what happens off it.
+
+    `mpcourse.formats.FloatFormat` is one; rounding depends on this shape only, so formats
+    builds on rounding and never the other way round.
+    """
+    mantissa_bits: int
+    min_exponent: int
+    signed: bool
+    has_inf: bool
+    has_zero: bool
+    nan: str
+    overflow: str
+    rounding: str
+
+    @property
+    def max(self) -> float: ...
+    @property
+    def smallest_normal(self) -> float: ...
+    @property
+    def smallest_subnormal(self) -> float: ...
+
+
+def round_to(x: torch.Tensor, fmt: Grid, rounding: str | None = None,
              generator: torch.Generator | None = None,
              random_bits: torch.Tensor | None = None) -> torch.Tensor:
     """Round each element of float32 `x` to a value that `fmt` can hold; return it as float32.
@@ -123,7 +143,7 @@ class _RandomBits(NamedTuple):
         return _RandomBits(self.generator, None if self.supplied is None else self.supplied[index])
 
 
-def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
+def _round_magnitude(magnitude: torch.Tensor, fmt: Grid, rounding: str,
                      random: _RandomBits) -> torch.Tensor:
     """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns.
 
@@ -169,7 +189,7 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
     return rounded
 
 
-def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
+def _round_below_normal(magnitude: torch.Tensor, fmt: Grid, rounding: str,
                         random: _RandomBits) -> torch.Tensor:
     """Round magnitudes below fmt's smallest normal, where fmt's spacing is its smallest
     subnormal, and (for formats reaching below float32's normals) float32's subnormals.

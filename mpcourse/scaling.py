@@ -11,15 +11,27 @@ is the older, simpler scheme with a scale that never changes.
 """
 from __future__ import annotations
 
+import enum
 import inspect
 import math
 import numbers
 import warnings
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
-READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
+
+class Stage(enum.Enum):
+    """Where one optimizer is in this iteration, as torch's `OptState`: after STEPPED only update()."""
+    READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
+
+
+@dataclass
+class OptimizerState:
+    """One optimizer this iteration: its stage, and whether a gradient held inf or NaN."""
+    stage: Stage = Stage.READY
+    found_inf: bool | None = None  # None until checked, and for an optimizer with no gradient
 
 
 def to_fp32(x: float) -> float:
@@ -111,7 +123,7 @@ class GradScaler:
         self.set_growth_factor(growth_factor)
         self.set_backoff_factor(backoff_factor)
         self.set_growth_interval(growth_interval)
-        self._per_optimizer: dict[int, dict[str, Any]] = {}
+        self._per_optimizer: dict[int, OptimizerState] = {}
 
     # The four calls of an iteration, in the order they are made.
 
@@ -139,20 +151,20 @@ class GradScaler:
             return
         self._require_scale("unscale_")
         state = self._state(optimizer)
-        if state["stage"] == UNSCALED:
+        if state.stage is Stage.UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the "
                                "last update().")
-        if state["stage"] == STEPPED:
+        if state.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         grads = _grads_of(optimizer)
         if any(g.dtype == torch.float16 for g in grads):
             raise ValueError("Attempting to unscale FP16 gradients.")
         inv_scale = torch.tensor(self._scale, dtype=torch.float64).reciprocal().float()
-        state["found_inf"] = _any_non_finite(grads)
+        state.found_inf = _any_non_finite(grads)
         with torch.no_grad():
             for grad in grads:
                 grad.mul_(inv_scale.to(grad.device))
-        state["stage"] = UNSCALED
+        state.stage = Stage.UNSCALED
 
     def step(self, optimizer, *args, **kwargs):
         """Unscale (unless `unscale_` already did), then `optimizer.step()` only if all finite.
@@ -165,20 +177,20 @@ class GradScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._require_scale("step")
         state = self._state(optimizer)
-        if state["stage"] == STEPPED:
+        if state.stage is Stage.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             return self._step_unscaling_inside(optimizer, state, args, kwargs)
-        if state["stage"] == READY:
+        if state.stage is Stage.READY:
             self.unscale_(optimizer)
-        if state["found_inf"] is None:
+        if state.found_inf is None:
             raise AssertionError("No inf checks were recorded for this optimizer: none of its "
                                  "parameters has a gradient.")
-        result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
-        state["stage"] = STEPPED
+        result = None if state.found_inf else optimizer.step(*args, **kwargs)
+        state.stage = Stage.STEPPED
         return result
 
-    def _step_unscaling_inside(self, optimizer, state: dict[str, Any], args, kwargs):
+    def _step_unscaling_inside(self, optimizer, state: OptimizerState, args, kwargs):
         """Step an optimizer that unscales in its own kernel and skips itself on inf/NaN.
 
         It receives the scale still to divide by (None if `unscale_` already did) and whether
@@ -191,21 +203,21 @@ class GradScaler:
                 "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
                 "directly.", FutureWarning, stacklevel=3)
             result = optimizer.step(*args, **kwargs, grad_scaler=self)
-            state["stage"] = STEPPED
+            state.stage = Stage.STEPPED
             return result
         grads = _grads_of(optimizer)
         device = grads[0].device if grads else torch.device("cpu")
-        if state["stage"] == READY:
-            state["found_inf"] = _any_non_finite(grads)
+        if state.stage is Stage.READY:
+            state.found_inf = _any_non_finite(grads)
         scale = torch.tensor(self._scale, dtype=torch.float32, device=device)
         optimizer.grad_scale = getattr(optimizer, "grad_scale", None) \
-            if state["stage"] == UNSCALED else scale * getattr(optimizer, "grad_scale", 1)
-        optimizer.found_inf = torch.tensor(float(bool(state["found_inf"])), device=device)
+            if state.stage is Stage.UNSCALED else scale * getattr(optimizer, "grad_scale", 1)
+        optimizer.found_inf = torch.tensor(float(bool(state.found_inf)), device=device)
         try:
             result = optimizer.step(*args, **kwargs)
         finally:
             del optimizer.grad_scale, optimizer.found_inf
-        state["stage"] = STEPPED
+        state.stage = Stage.STEPPED
         return result
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -220,8 +232,8 @@ class GradScaler:
         if new_scale is not None:
             self._scale = _checked_new_scale(new_scale)
         else:
-            checks = [state["found_inf"] for state in self._per_optimizer.values()
-                      if state["found_inf"] is not None]
+            checks = [state.found_inf for state in self._per_optimizer.values()
+                      if state.found_inf is not None]
             if not checks:
                 raise AssertionError("No inf checks were recorded prior to update(): call step() "
                                      "(or unscale_()) for each optimizer first.")
@@ -301,8 +313,8 @@ class GradScaler:
 
     # Bookkeeping.
 
-    def _state(self, optimizer) -> dict[str, Any]:
-        return self._per_optimizer.setdefault(id(optimizer), {"stage": READY, "found_inf": None})
+    def _state(self, optimizer) -> OptimizerState:
+        return self._per_optimizer.setdefault(id(optimizer), OptimizerState())
 
     def _require_scale(self, method: str) -> None:
         if self._scale is None:

@@ -10,9 +10,16 @@ memory while they live, and the peak is what decides whether a model fits.
 views free), but watches every op: a `TorchDispatchMode` sees each op's outputs as they are made,
 and a weak reference to each storage says when it is freed. The peak is the largest sum of the
 storages alive right after an op returned, when its inputs and its output exist together, which
-is when an allocator holds the most. What it cannot see: scratch memory inside one kernel and
-the allocator's own overhead (on CUDA, `torch.cuda.max_memory_allocated` reads the allocator's
-peak directly, each block rounded up to its allocation granularity).
+is when an allocator holds the most.
+
+An op's own scratch memory is invisible to the mode, with one exception counted by rule:
+`aten::index` (`book[codes]`) copies an index tensor that is not int64 into an int64 one and
+frees it before it returns (`torch.profiler` shows the copy as an `aten::to` inside
+`aten::index`). The dynamic code's search indexes with int32 tensors of the whole moment, so
+that copy, 8 bytes a value, is its largest moment; it is added to the op's peak. What stays
+unseen: the scratch of other kernels and the allocator's own overhead (on CUDA,
+`torch.cuda.max_memory_allocated` reads the allocator's peak directly, each block rounded up
+to its allocation granularity).
 
 The count depends only on which tensors the code makes, not on the CPU's kernels, so it is the
 same on every machine.
@@ -68,10 +75,20 @@ class _LiveStorages(TorchDispatchMode):
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
                 self._add(leaf)
-        now = self.total()
+        now = self.total() + index_copy_bytes(func, args)
         if now > self.peak:
             self.peak, self.peak_op = now, str(func.__name__)
         return out
+
+
+def index_copy_bytes(func, args) -> int:
+    """Bytes of the int64 copies `aten::index` makes, inside the op, of its index tensors that
+    are int32 (torch accepts int64, int32, and byte or bool masks); 0 for every other op."""
+    if func is not torch.ops.aten.index.Tensor:
+        return 0
+    indices = args[1]
+    return sum(8 * index.numel() for index in indices
+               if index is not None and index.dtype == torch.int32)
 
 
 def measure_live_peak(fn: Callable[[], object],

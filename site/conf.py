@@ -12,7 +12,8 @@ sys.path.insert(0, str(HERE))
 project = "mpcourse"
 html_title = "Mixed-precision training, from the bits up"
 author = "the mpcourse authors"
-extensions = ["myst_nb", "course_site"]
+extensions = ["myst_nb", "course_site", "accessible_html", "figures"]
+templates_path = ["_templates"]
 root_doc = "index"
 exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 
@@ -20,8 +21,8 @@ exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_heading_anchors = 3
-# Widgets need a live kernel: the site loads no widget JavaScript (nothing from a CDN), so a widget's
-# stored view renders as nothing rather than as an error.
+# Widgets need a live kernel: the site loads no widget JavaScript (nothing from a CDN); figures.py
+# shows each widget as a still view of the state the notebook saved.
 nb_ipywidgets_js = {}
 # Notebooks start with '# Lesson NN' and use '##' below it, as Sphinx expects; a lesson's
 # '<details>' answers are raw HTML, which MyST passes through.
@@ -36,3 +37,4 @@ html_show_sourcelink = False
 # the browser test runs without one.
 mathjax_path = "mathjax/tex-chtml.js"
 html_favicon = "_static/favicon.svg"
+html_scaled_image_link = False  # a plot shown larger than its file is not a link to the file

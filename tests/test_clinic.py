@@ -15,6 +15,7 @@ from mpcourse.clinic import format_cases
 from mpcourse.clinic.case import diagnosed
 from mpcourse.formats import BF16
 from mpcourse.inspect_value import neighbours
+from mpcourse.precision import PrecisionSupport
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +139,8 @@ def test_case_07_resume_needs_the_scaler_state(cases):
 
 
 def _report(bf16_accelerated: bool, device_type: str = "cpu") -> hardware.HardwareReport:
-    precisions = {name: hardware.PrecisionSupport(True, name == "fp32", "test") for name in hardware.PRECISIONS}
-    precisions["bf16"] = hardware.PrecisionSupport(True, bf16_accelerated, "test bf16")
+    precisions = {name: PrecisionSupport(True, name == "fp32", "test") for name in hardware.PRECISIONS}
+    precisions["bf16"] = PrecisionSupport(True, bf16_accelerated, "test bf16")
     return hardware.HardwareReport("2.13", device_type, "test", None, 1, "AVX2", precisions)
 
 

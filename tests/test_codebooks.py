@@ -79,3 +79,21 @@ def test_rejects_unknown_codes_and_block_sizes():
         quantize_blockwise(torch.ones(4), "int8")
     with pytest.raises(ValueError, match="block_size must be a positive integer, got 0"):
         quantize_blockwise(torch.ones(4), "e4m3", 0)
+
+
+@pytest.mark.parametrize("signed, code", [(True, "dynamic"), (False, "dynamic_unsigned")])
+def test_exact_ties_go_to_the_larger_entry_as_torchao_rounds_them(signed, code):
+    """Values exactly halfway between two entries (those midpoints a float32 holds exactly):
+    torchao sends them up. (bitsandbytes 0.50's pure-torch path, `torch.bucketize` on the
+    midpoints, sends them down; the docstring says so.)"""
+    book = dynamic_code(signed).double()
+    middles = (book[:-1] + book[1:]) / 2
+    exact = middles == middles.float().double()
+    ties = middles[exact].float()
+    assert ties.numel() > 100
+    x = torch.cat([ties, torch.ones(1)])  # the 1 makes the block's scale 1: x is its own scaled value
+    codes, scale = quantize_blockwise(x, code, block_size=x.numel())
+    assert scale.item() == 1.0
+    theirs = quantize_8bit_with_qmap(x, torch.tensor(create_dynamic_map(signed)))
+    assert torch.equal(codes, theirs)
+    assert torch.equal(codes[:-1].long(), torch.arange(255)[exact] + 1), "each tie goes up"

@@ -1,9 +1,12 @@
-"""The lock: what is installed is what requirements-lock.txt says, and nothing drifts from it.
+"""The lock: what is installed is what requirements-lock.txt says, and nothing drifts from it;
+`make lab` installs its part for the runtime and JupyterLab alone (requirements-lab.txt); the build
+backend is pinned and builds without a deprecation.
 
 `make test-latest` deselects the first test: there, on purpose, nothing is the lock's.
 """
 import importlib.util
 import re
+import warnings
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -62,3 +65,60 @@ def test_the_makefile_names_every_extra_and_the_locked_torch():
     torch = re.search(r"^LOCKED_TORCH := (.+)$", makefile, re.MULTILINE)[1]
     assert f"resolved with torch=={torch}" in LOCK_TEXT
     assert f"- torch=={torch}" in (ROOT / "environment.yml").read_text()
+
+
+#: What a learner's `make lab` must not install: the test and website tools.
+NOT_FOR_THE_LAB = {"pytest", "nbval", "hypothesis", "playwright", "sphinx", "myst-nb", "furo", "torchao",
+                   "pytest-xdist", "build", "check-jsonschema", "django-static-mathjax"}
+
+
+def test_the_lab_lock_is_the_locks_part_for_the_runtime_and_jupyterlab():
+    project = lock.tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lab_text = lock.LAB_LOCK.read_text()
+    assert lab_text == lock.lab_lock(LOCK_TEXT, project), "requirements-lab.txt drifted: run make lock"
+    lab = {name for name, _, _ in lock.pins(lab_text)}
+    wanted = {lock.normalize(Requirement(r).name)
+              for r in project["dependencies"] + project["optional-dependencies"]["lab"]}
+    assert wanted - {"torch"} <= lab, sorted(wanted - {"torch"} - lab)
+    assert not lab & NOT_FOR_THE_LAB, sorted(lab & NOT_FOR_THE_LAB)
+    assert set(lock.pins(lab_text)) <= set(lock.pins(LOCK_TEXT))
+
+
+def test_the_lab_closure_follows_the_via_annotations():
+    """A package enters through any package that requires it, and the test tools stay out."""
+    text = ("a==1 \\\n    --hash=sha256:0\n    # via mpcourse (pyproject.toml)\n"
+            "b==2 \\\n    --hash=sha256:1\n    # via\n    #   a\n    #   pytest\n"
+            "pytest==8 \\\n    --hash=sha256:2\n    # via mpcourse (pyproject.toml)\n"
+            "c==3 ; python_full_version < '3.11' \\\n    --hash=sha256:3\n    # via b\n")
+    part = lock.lab_lock(text, {"dependencies": ["a>=1"], "optional-dependencies": {"lab": []}})
+    assert [(n, v) for n, v, _ in lock.pins(part)] == [("a", "1"), ("b", "2"), ("c", "3")]
+    assert "# via b" in part and "pytest==" not in part
+
+
+def test_make_lab_installs_the_lab_lock_and_make_test_adds_the_whole_lock(tmp_path):
+    import subprocess
+    plans = {target: subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path}/venv"],
+                                    capture_output=True, text=True, timeout=60).stdout
+             for target in ("lab", "test")}
+    assert "-r requirements-lab.txt" in plans["lab"] and "-r requirements-lock.txt" not in plans["lab"]
+    assert "-r requirements-lab.txt" in plans["test"] and "-r requirements-lock.txt" in plans["test"]
+
+
+def test_the_build_backend_is_pinned_and_reads_the_license_without_a_deprecation():
+    """pyproject's `license` is an SPDX string, which setuptools reads from 77 on; the pinned backend
+    (the lock's setuptools, installed here) applies pyproject.toml without a deprecation warning,
+    the warning that printed its block in every build."""
+    pyproject = lock.tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (backend,) = [Requirement(r) for r in pyproject["build-system"]["requires"]]
+    (pin,) = backend.specifier
+    assert backend.name == "setuptools" and pin.operator == "==" and int(pin.version.split(".")[0]) >= 77
+    assert pyproject["project"]["license"] == "MIT"
+    import setuptools
+    assert setuptools.__version__ == pin.version, "this environment's setuptools is not the pinned backend"
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    deprecations = [str(w.message) for w in caught if "Deprecat" in w.category.__name__]
+    assert not deprecations, deprecations

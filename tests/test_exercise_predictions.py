@@ -1,5 +1,6 @@
-"""The predict-then-measure questions of ex01 and ex06, and ex06's accumulation step, graded on
-right, wrong and hostile submissions built from the released exercises.
+"""The predict-then-measure questions of ex01, ex06 and ex10, and ex06's accumulation step, graded
+on right, wrong and hostile submissions built from the released exercises; and, for ex10 and ex11,
+that no visible prediction test tells a wrong answer the right one.
 
 A prediction is a module-level variable, so it reaches the grader as plain data (`codec`):
 an object whose `__eq__` says yes to everything, or a number subclass that does, must not pass,
@@ -8,12 +9,21 @@ variants are the mistakes the reworked exercise is about: not dividing the loss 
 micro-batches, stepping the scaler per micro-batch, and one backward on the summed loss.
 """
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
+
+from mpcourse import blockscale
+from mpcourse.blockscale import MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL, fake_quantize, snr_db
+from mpcourse.formats import FP4_E2M1
+from mpcourse.saturation import clipped_share
+from mpcourse.update_walk import walk
 
 from mpcourse.grading.exercise import BEGIN_SOLUTION, END_SOLUTION, without_markers
 from mpcourse.grading.release import STUB
@@ -21,7 +31,8 @@ from mpcourse.grading.release import STUB
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
-EX01, EX06 = "ex01_bf16_rounding", "ex06_mixed_precision_step"
+EX01, EX06, EX10, EX11 = ("ex01_bf16_rounding", "ex06_mixed_precision_step", "ex10_mx_scaling",
+                          "ex11_stochastic_rounding")
 
 EX01_RIGHT = {"PREDICTION_VALUES_IN_1024_2048": "PREDICTION_VALUES_IN_1024_2048 = 2**7",
               "PREDICTION_ROUNDED": "PREDICTION_ROUNDED = 1.0078125",
@@ -44,6 +55,40 @@ EX06_RIGHT = {"PREDICTION_SKIPPED_STEPS": "PREDICTION_SKIPPED_STEPS = 3\nPREDICT
 EX06_HOSTILE = {"PREDICTION_SKIPPED_STEPS": ("class Anything:\n    def __eq__(self, other):\n        return True\n"
                                              "    __hash__ = object.__hash__\n"
                                              "PREDICTION_SKIPPED_STEPS = 3\nPREDICTION_FINAL_SCALE = Anything()")}
+
+
+EX10_FP4 = "PREDICTION_BACK_FLOOR"          # a word only the first prediction cell's stub holds
+EX10_ACTIVATIONS = "PREDICTION_SNR_GAP_DB"
+EX10_RIGHT = {EX10_FP4: ("PREDICTION_X_FLOOR = 2.0\nPREDICTION_X_ROUND_UP = 4\n"
+                         "PREDICTION_BACK_FLOOR = [12, 1.0]\nPREDICTION_BACK_ROUND_UP = [12.0, 0]"),
+              EX10_ACTIVATIONS: ("PREDICTION_CLIPPED_PERCENT = 13\nPREDICTION_LOWER_SNR_RULE = 'floor'\n"
+                                 "PREDICTION_SNR_GAP_DB = 5.5")}  # near enough: within 1.5 points and 1.5 dB
+# every number far from the truth, and the rule the other way round
+EX10_WRONG = {EX10_FP4: ("PREDICTION_X_FLOOR = 99.0\nPREDICTION_X_ROUND_UP = 99.0\n"
+                         "PREDICTION_BACK_FLOOR = [99.0, 99.0]\nPREDICTION_BACK_ROUND_UP = [99.0, 99.0]"),
+              EX10_ACTIVATIONS: ("PREDICTION_CLIPPED_PERCENT = 99.0\nPREDICTION_LOWER_SNR_RULE = 'round-up'\n"
+                                 "PREDICTION_SNR_GAP_DB = 99.0")}
+# lesson 10's own numbers (its GPT's activations), which these activations do not repeat
+EX10_LESSONS_NUMBERS = {EX10_ACTIVATIONS: "PREDICTION_CLIPPED_PERCENT = 0.79\n"
+                                          "PREDICTION_LOWER_SNR_RULE = 'floor'\nPREDICTION_SNR_GAP_DB = 1.2"}
+EX10_HOSTILE = {
+    EX10_FP4: ("class Anything(list):\n    def __eq__(self, other):\n        return True\n"
+               "class Sly(float):\n    def __eq__(self, other):\n        return True\n"
+               "    __hash__ = float.__hash__\n"
+               "PREDICTION_X_FLOOR = Sly(99.0)\nPREDICTION_X_ROUND_UP = torch.tensor(4.0)\n"
+               "PREDICTION_BACK_FLOOR = Anything([99.0, 99.0])\n"
+               "PREDICTION_BACK_ROUND_UP = Anything([99.0, 99.0])"),
+    EX10_ACTIVATIONS: ("class Near(float):\n    def __sub__(self, other):\n        return 0.0\n"
+                       "    def __rsub__(self, other):\n        return 0.0\n"
+                       "class Same(str):\n    def __eq__(self, other):\n        return True\n"
+                       "    __hash__ = str.__hash__\n"
+                       "PREDICTION_CLIPPED_PERCENT = Near(99.0)\n"
+                       "PREDICTION_LOWER_SNR_RULE = Same('round-up')\n"
+                       "PREDICTION_SNR_GAP_DB = Near(99.0)")}
+EX10_PREDICTIONS = ("predict_fp4_scales", "predict_fp4_values", "predict_clipped_share", "predict_snr_gap")
+EX11_WRONG = {"PREDICTION_SPREAD_IN_GAPS": "PREDICTION_SPREAD_IN_GAPS = 99.0",
+              "PREDICTION_BIAS_IN_GAPS": "PREDICTION_BIAS_IN_GAPS = 99.0"}
+EX11_PREDICTIONS = ("predict_spread", "predict_bias_8_bits")
 
 
 def _solution_step() -> str:
@@ -107,6 +152,11 @@ def graded(tmp_path_factory):
         _submission(folder, EX06, "scaler_per_micro_batch",
                     dict(EX06_HOSTILE, accumulation_step=variants["scaler_per_micro_batch"])),
         _submission(folder, EX06, "one_backward", {"accumulation_step": variants["one_backward"]}),
+        _submission(folder, EX10, "right_predictions", EX10_RIGHT),
+        _submission(folder, EX10, "wrong_predictions", EX10_WRONG),
+        _submission(folder, EX10, "lessons_numbers", EX10_LESSONS_NUMBERS),
+        _submission(folder, EX10, "hostile_predictions", EX10_HOSTILE),
+        _submission(folder, EX11, "wrong_predictions", EX11_WRONG),
     ]
     result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *map(str, paths), "--json",
                              "--timeout", "300", "--jobs", "2", "--solutions", str(ROOT / "solutions")],
@@ -167,3 +217,87 @@ def test_one_backward_on_the_summed_loss_keeps_every_micro_batch_in_memory(grade
     assert "only one micro-batch's activations are alive" in tests["one_micro_batch_in_memory"]["reason"]
     for test in ("same_update_as_one_batch", "autocast_forward_backward_outside", "overflow_is_skipped"):
         assert tests[test]["passed"], f"{test}: the update itself is right, only the memory test may catch it"
+
+
+def test_ex10_right_predictions_earn_their_points_and_nothing_else(graded):
+    tests = graded[f"{EX10}_right_predictions"]
+    assert {t for t, result in tests.items() if result["passed"]} == set(EX10_PREDICTIONS), tests
+
+
+def test_ex10_wrong_or_hostile_predictions_fail(graded):
+    for name in ("wrong_predictions", "hostile_predictions"):
+        tests = graded[f"{EX10}_{name}"]
+        assert not any(tests[t]["passed"] for t in EX10_PREDICTIONS), (name, tests)
+
+
+def test_ex10_lesson_10s_numbers_do_not_answer_the_new_activations(graded):
+    tests = graded[f"{EX10}_lessons_numbers"]
+    assert not tests["predict_clipped_share"]["passed"] and not tests["predict_snr_gap"]["passed"], tests
+    clipped = tests["predict_clipped_share"]["reason"]
+    assert "you predicted that the floor rule clips 0.79% of the values" in clipped
+    assert "you predicted a gap of 1.2 dB" in tests["predict_snr_gap"]["reason"]
+
+
+def _ex10_answers() -> dict:
+    """Every quantity ex10's predictions ask for, computed with the course's library: the values
+    the solution writes and the measured ones."""
+    fp4 = torch.full((1, 32), 2.0)
+    fp4[0, :2] = torch.tensor([13.0, 0.9])
+    amax = fp4.abs().amax(dim=1)
+    activations = torch.rand(256, 256, generator=torch.Generator().manual_seed(10)) * 2 - 1
+    gap = snr_db(activations, MXFP8_E4M3_RCEIL) - snr_db(activations, MXFP8_E4M3)
+    clipping, rounding = (1 / 8) * 0.125**2 / 3, (1 / 3) / 10 ** 3.2
+    scales = [blockscale.mx_scale(amax, FP4_E2M1, rule).item() for rule in ("mx_floor", "mx_rceil")]
+    values = [v for recipe in (MXFP4, MXFP4_RCEIL) for v in fake_quantize(fp4, recipe)[0, :2].tolist()]
+    return {"predict_fp4_scales": scales,
+            "predict_fp4_values": values,
+            "predict_clipped_share": [100 * clipped_share(activations, MXFP8_E4M3), 12.5],
+            "predict_snr_gap": [gap, 10 * math.log10((clipping + rounding) / rounding), "floor"]}
+
+
+def _ex11_answers() -> dict:
+    finals = walk(1.0, 2**-10, 448, "stochastic", n=20_000, record_every=448,
+                  generator=torch.Generator().manual_seed(11))[-1]
+    return {"predict_spread": [finals.std().item() / 2**-7, 7.0], "predict_bias_8_bits": [-1 / 512]}
+
+
+def _renderings(answer) -> set[str]:
+    """The ways a message or a test's code could show `answer`: a word as itself; a number as
+    Python prints it, with 1 to 4 decimals or 3 to 4 significant digits, signed or not (never as
+    a bare integer: '7' is in every '2**-7'), and -1/512 as the fraction."""
+    if isinstance(answer, str):
+        return {answer}
+    forms = set()
+    for value in {answer, abs(answer)}:
+        forms |= {repr(float(value)), f"{value:.3g}", f"{value:.4g}"}
+        forms |= {f"{value:.{decimals}f}" for decimals in (2, 3, 4)}
+        if abs(value) >= 0.1:
+            forms.add(f"{value:.1f}")
+    if answer == -1 / 512:
+        forms |= {"1/512", "1 / 512"}
+    return {form for form in forms if "." in form or "/" in form} - {
+        "0.00", "0.000", "0.0000", "-0.00", "-0.000", "-0.0000", "0.0020", "-0.0020"}
+
+
+def _shows(text: str, form: str) -> bool:
+    """Whether `form` stands in `text` as a whole number or word, not as part of a longer one."""
+    return re.search(r"(?<![\w.])" + re.escape(form) + r"(?![\w])(?!\.\d)", text) is not None
+
+
+@pytest.mark.parametrize("exercise", [EX10, EX11])
+def test_no_visible_prediction_test_prints_or_holds_its_answer(graded, exercise):
+    answers = _ex10_answers() if exercise == EX10 else _ex11_answers()
+    tests = graded[f"{exercise}_wrong_predictions"]
+    released = nbformat.read(ROOT / "exercises" / f"{exercise}.ipynb", as_version=4)
+    sources = {c.metadata["nbgrader"]["grade_id"]: c.source for c in released.cells
+               if c.cell_type == "code" and "nbgrader" in c.metadata}
+    for test, values in answers.items():
+        assert not tests[test]["passed"], tests[test]
+        reason = tests[test]["reason"]
+        for value in values:
+            shown = [form for form in _renderings(value) if _shows(reason, form)]
+            assert not shown, f"{exercise} {test}: a wrong prediction is told the answer {shown}: {reason}"
+            # the FP4 tests' own block holds 2.0 and 13.0; the rule's test names both rules
+            if test not in ("predict_fp4_scales", "predict_fp4_values") and not isinstance(value, str):
+                held = [form for form in _renderings(value) if _shows(sources[test], form)]
+                assert not held, f"{exercise} {test}: the visible test's code holds the answer {held}"

@@ -1,15 +1,20 @@
 """Hosted notebooks: every notebook carries the current bootstrap cell and Colab/Kaggle links, made
-from the one repository URL in pyproject.toml (mpcourse.hosted). The notebooks actually
-installing and running in a bare Python is tests/hosted/install_checks.py (`make hosted`)."""
+from the one repository URL in pyproject.toml (mpcourse.hosted), and the kernelspec JupyterLab
+writes; the bootstrap's advice in a mocked Colab without a GPU and in Kaggle without internet
+(mpcourse.hosted_session). The notebooks actually installing and running in a bare Python is
+tests/hosted/install_checks.py (`make hosted`)."""
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
 
-from mpcourse.hosted import (BOOTSTRAP_ID, Repository, bootstrap_source, check_course, readme_table,
-                             repository, stamp_course, stamped)
+from mpcourse import hosted_session
+from mpcourse.hosted import (BOOTSTRAP_ID, KERNELSPEC, Repository, bootstrap_source, check_course,
+                             course_notebooks, readme_table, repository, stamp_course, stamped)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = Repository("https://github.com/someone/a-course")
@@ -119,3 +124,118 @@ def test_the_bootstrap_is_silent_where_mpcourse_is_installed():
                           env={"MPCOURSE_INSTALL_SOURCE": "/nonexistent.whl", "PATH": ""}, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
+
+
+def test_every_notebook_stores_the_kernel_as_the_installed_ipykernel_writes_it():
+    """JupyterLab writes the running kernel's spec, and ipykernel's language_info, into a notebook it
+    opens: stored the same, an untouched lesson is not marked unsaved (the Python version apart,
+    which is the machine's)."""
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import KERNEL_NAME, get_kernel_dict
+    spec = get_kernel_dict()
+    assert KERNELSPEC == {"display_name": spec["display_name"], "language": spec["language"],
+                          "name": KERNEL_NAME}
+    language = {k: v for k, v in IPythonKernel.language_info.items() if k != "version"}
+    changed = []
+    for path in course_notebooks(ROOT):
+        metadata = nbformat.read(path, as_version=4).metadata
+        stored = {k: v for k, v in metadata.get("language_info", {}).items() if k != "version"}
+        if metadata.get("kernelspec") != KERNELSPEC or (stored and stored != language):
+            changed.append(path.relative_to(ROOT).as_posix())
+    assert not changed, f"opening these would rewrite their metadata: {changed}; run mpcourse hosted --stamp"
+
+
+def test_a_released_exercise_keeps_the_kernelspec():
+    from mpcourse.grading.release import release_notebook
+    solution = nbformat.read(ROOT / "solutions" / "ex01_bf16_rounding.ipynb", as_version=4)
+    assert release_notebook(solution, "ex01_bf16_rounding").metadata.kernelspec == KERNELSPEC
+
+
+def _cuda(available=True, capability=(7, 5), arch=("sm_75", "sm_80", "sm_90"), name="Tesla T4"):
+    return SimpleNamespace(is_available=lambda: available, get_device_capability=lambda: capability,
+                           get_arch_list=lambda: list(arch), get_device_name=lambda: name)
+
+
+@pytest.mark.parametrize("environ, platform",
+                         [({"COLAB_RELEASE_TAG": "release-colab_1"}, hosted_session.COLAB),
+                          ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, hosted_session.KAGGLE)])
+def test_the_hosted_platform_is_found_by_its_environment(environ, platform):
+    assert hosted_session.hosted_platform(environ) is platform
+
+
+def test_without_a_gpu_the_advice_says_how_to_switch_and_that_lessons_run_on_the_cpu():
+    colab = hosted_session.gpu_advice(hosted_session.COLAB, _cuda(available=False))
+    kaggle = hosted_session.gpu_advice(hosted_session.KAGGLE, _cuda(available=False))
+    assert "\n" not in colab and "Runtime -> Change runtime type -> T4 GPU" in colab and "on the CPU" in colab
+    assert "Settings -> Accelerator -> GPU T4 x2" in kaggle and "Internet on" in kaggle
+    assert "on the CPU" in kaggle
+    assert hosted_session.gpu_advice(hosted_session.COLAB, _cuda()) is None
+
+
+def test_a_gpu_this_torch_was_not_built_for_is_named_with_the_switch():
+    """Kaggle's P100 (sm_60) under a torch built for sm_75 and newer; a compute_ (PTX) entry at or
+    below the GPU's capability would let it run."""
+    p100 = _cuda(capability=(6, 0), name="Tesla P100-PCIE-16GB")
+    line = hosted_session.gpu_advice(hosted_session.KAGGLE, p100)
+    assert "Tesla P100-PCIE-16GB (sm_60)" in line and "sm_75, sm_80, sm_90" in line and "GPU T4 x2" in line
+    ptx = _cuda(capability=(6, 0), arch=("compute_60",))
+    assert hosted_session.gpu_advice(hosted_session.KAGGLE, ptx) is None
+
+
+def test_pips_resolver_errors_are_summed_up_in_one_line():
+    stderr = ("ERROR: pip's dependency resolver does not currently take into account all the packages "
+              "that are installed. This behaviour is the source of the following dependency conflicts.\n"
+              "tensorflow 2.18.0 requires ml-dtypes<0.5.0,>=0.4.0, but you have ml-dtypes 0.7.0 which is "
+              "incompatible.\n"
+              "jax 0.4.33 requires ml-dtypes>=0.2.0, but you have ml-dtypes 0.7.0 which is incompatible.\n")
+    assert hosted_session.resolver_conflicts(stderr) == [
+        "tensorflow 2.18.0 wants ml-dtypes<0.5.0,>=0.4.0 (now 0.7.0)",
+        "jax 0.4.33 wants ml-dtypes>=0.2.0 (now 0.7.0)"]
+
+
+def test_a_package_upgraded_after_this_process_loaded_it_asks_for_a_restart(monkeypatch):
+    import importlib.metadata
+    installed = [SimpleNamespace(metadata={"Name": "ipywidgets"}, version="8.1.9"),
+                 SimpleNamespace(metadata={"Name": "notloaded"}, version="2.0")]
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: installed)
+    monkeypatch.setattr(importlib.metadata, "packages_distributions",
+                        lambda: {"ipywidgets": ["ipywidgets"], "notloaded": ["notloaded"],
+                                 "absent": ["absent"]})
+    monkeypatch.setitem(sys.modules, "ipywidgets", SimpleNamespace())
+    before = {"ipywidgets": "7.7.1", "notloaded": "1.0"}
+    assert hosted_session.upgraded_while_loaded(before) == ["ipywidgets 7.7.1 -> 8.1.9"]
+
+
+def _run_bootstrap(cwd, env, *python_flags):
+    return subprocess.run([sys.executable, *python_flags, "-c", bootstrap_source(REPO)], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=600)
+
+
+def test_in_a_mocked_colab_without_a_gpu_the_bootstrap_says_how_to_get_one(tmp_path):
+    """Colab's working folder, google.colab importable (a stand-in package), no GPU (this machine)."""
+    (tmp_path / "google" / "colab").mkdir(parents=True)
+    (tmp_path / "google" / "colab" / "__init__.py").write_text("")
+    (tmp_path / "content").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLAB_", "KAGGLE_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    done = _run_bootstrap(tmp_path / "content", env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and "No GPU in this Colab session" in lines[0], done.stdout
+    assert "Runtime -> Change runtime type -> T4 GPU" in lines[0] and "on the CPU" in lines[0]
+
+
+def test_in_kaggle_without_internet_the_bootstrap_says_the_internet_is_off(tmp_path):
+    """Kaggle's working folder and variable, no mpcourse (python -S sees no site-packages), and a
+    package index that does not resolve, as Kaggle's DNS without Internet."""
+    working = tmp_path / "kaggle" / "working"
+    working.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "COLAB_", "PYTHON"))}
+    env.update(KAGGLE_KERNEL_RUN_TYPE="Interactive", PIP_CONFIG_FILE=os.devnull, PIP_RETRIES="1",
+               PIP_INDEX_URL="https://pypi.invalid/simple", PIP_TIMEOUT="5",
+               MPCOURSE_INSTALL_SOURCE="mpcourse-not-reachable")
+    done = _run_bootstrap(working, env, "-S")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("RuntimeError: mpcourse could not be installed: this Kaggle notebook's Internet is off. "
+                    "Turn on Settings -> Internet, then run this cell again."), done.stderr[-3000:]

@@ -77,22 +77,53 @@ def test_rejects_fp32_weights():
         KahanOptimizer([torch.nn.Parameter(torch.ones(2))], torch.optim.SGD, lr=1)
 
 
-def test_classic_form_is_four_bf16_operations_as_ml_dtypes_computes_them():
-    """optimi's order, against ml_dtypes' BF16 arithmetic (each operation rounded to BF16)."""
+def test_classic_form_is_four_roundings_as_ml_dtypes_computes_them():
+    """optimi's order with numpy's FP32 and ml_dtypes' BF16 arithmetic: the FP32 update added to
+    the compensation in FP32 and rounded once, then three BF16 operations, each rounded."""
     import ml_dtypes
     import numpy as np
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(4096, generator=g).bfloat16()
     compensation = (torch.randn(4096, generator=g) * 1e-3).bfloat16()
-    update = (torch.randn(4096, generator=g) * 1e-4).bfloat16()
+    update = torch.randn(4096, generator=g) * 1e-4          # FP32, as an optimizer computes it
     got_weight, got_compensation = classic_kahan_add(weight, compensation, update)
     bf16 = ml_dtypes.bfloat16
-    w, c, u = (t.float().numpy().astype(bf16) for t in (weight, compensation, update))
-    c = (c + u).astype(bf16)
-    new = (w + c).astype(bf16)
-    c = (c + (w - new).astype(bf16)).astype(bf16)
+    w, c = (t.float().numpy().astype(bf16) for t in (weight, compensation))
+    c = (c.astype(np.float32) + update.numpy()).astype(bf16)   # rounding 1
+    new = (w + c).astype(bf16)                                  # rounding 2
+    c = (c + (w - new).astype(bf16)).astype(bf16)               # roundings 3 and 4
     assert np.array_equal(got_weight.float().numpy(), new.astype(np.float32))
     assert np.array_equal(got_compensation.float().numpy(), c.astype(np.float32))
+    # The test tells the forms apart: rounding the update to BF16 on its own first, a fifth
+    # rounding, changes some compensations.
+    five = compensation + update.bfloat16()
+    five = five + (weight - (weight + five))
+    assert not torch.equal(five, got_compensation)
+
+
+def test_classic_form_is_optimi_kahan_sum_bit_for_bit():
+    """optimi's own for-loop path (`kahan_sum=True`, BF16 weights, moments and compensation).
+    Its Adam adds -lr * m / (sqrt(v) + eps) into the compensation with one `addcdiv_`; with lr a
+    power of two that FP32 update is the same however the product is ordered, so it is formed
+    here from optimi's own moments, and `classic_kahan_add` must then give optimi's weight and
+    compensation exactly, step after step."""
+    from optimi import Adam
+    lr, eps = 2**-9, 1e-6
+    g = torch.Generator().manual_seed(5)
+    start = torch.randn(4096, generator=g).bfloat16()
+    weight = torch.nn.Parameter(start.clone())
+    optimizer = Adam([weight], lr=lr, eps=eps, kahan_sum=True, foreach=False, triton=False)
+    ours, compensation = start.clone(), torch.zeros_like(start)
+    for _ in range(30):
+        weight.grad = (torch.randn(4096, generator=g) * 0.05).bfloat16()
+        optimizer.step()
+        state = optimizer.state[weight]
+        denominator = state["exp_avg_sq"].sqrt().add_(eps)      # BF16, as optimi forms it
+        update = -lr * (state["exp_avg"].float() / denominator.float())
+        ours, compensation = classic_kahan_add(ours, compensation, update)
+        assert torch.equal(weight.detach(), ours)
+        assert torch.equal(state["kahan_comp"], compensation)
+    assert not torch.equal(ours, start) and compensation.abs().sum() > 0
 
 
 def test_classic_form_keeps_small_updates_like_the_fp32_form():

@@ -113,3 +113,42 @@ def test_rejects_switches_a_rung_cannot_honour():
         LadderRunConfig(rung="kahan", precision="bf16")
     with pytest.raises(ValueError, match="loss_scaling='dynamic'"):
         LadderRunConfig(rung="kahan", loss_scaling="dynamic")
+
+
+def _t_quantile_by_integration(df: int, p: float = 0.975) -> float:
+    """Student's t quantile, independently: bisect the CDF, integrated from the density
+    (Simpson's rule in float64 on a fine grid)."""
+    import math
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(t):
+        x = torch.linspace(0, t, 20_001, dtype=torch.float64)
+        density = torch.exp(log_norm - (df + 1) / 2 * torch.log1p(x * x / df))
+        h = t / 20_000
+        return 0.5 + h / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum()
+                              + 2 * density[2:-1:2].sum()).item()
+
+    low, high = 0.0, 50.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < p else (low, middle)
+    return low
+
+
+@pytest.mark.parametrize("df", range(1, 11))
+def test_seed_interval_uses_students_t(df):
+    from mpcourse.ladder_measure import T_975
+    assert T_975[df - 1] == pytest.approx(_t_quantile_by_integration(df), abs=6e-4)
+
+
+def test_seed_interval_estimates_the_spread_from_the_seeds():
+    import statistics
+    from mpcourse.ladder_measure import seed_interval
+    values = [0.010, -0.002, 0.004, 0.008]
+    got = seed_interval(values)
+    half = 3.182 * statistics.stdev(values) / 2
+    assert got.mean == pytest.approx(0.005) and got.spread == pytest.approx(statistics.stdev(values))
+    assert (got.low, got.high) == pytest.approx((0.005 - half, 0.005 + half)) and got.seeds == 4
+    for bad in ([1.0], [0.0] * 12):
+        with pytest.raises(ValueError, match="2 to 11 values"):
+            seed_interval(bad)

@@ -1,5 +1,7 @@
 """The package a contributor can find their way around: small modules, one source for each fact."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "mpcourse"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 MAX_LINES = 400
+ROOT = PACKAGE.parent
 
 
 def _name(path: Path) -> str:
@@ -81,3 +84,35 @@ def test_a_view_only_reads_results(path):
                 and (node.func.attr == "backward"
                      or ast.unparse(node.func).startswith(("torch.optim.", "torch.amp.")))]
     assert not training, training
+
+
+def _loads_torch(code: str) -> bool:
+    """Whether running `code` in a new Python loads torch (its last line of output says)."""
+    done = subprocess.run([sys.executable, "-c", code + "\nprint('torch' in sys.modules)"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_import_mpcourse_leaves_torch_unloaded_until_a_name_needs_it():
+    """`import mpcourse` is instant; `mpcourse.BF16` and `from mpcourse import RunConfig` still work,
+    loading torch then (benchmarks/bench_cli_help.py times it)."""
+    assert not _loads_torch("import sys, mpcourse")
+    assert _loads_torch("import sys, mpcourse\nassert mpcourse.BF16.mantissa_bits == 7")
+    assert _loads_torch("import sys\nfrom mpcourse import RunConfig, hardware\nassert hardware.__name__")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["hosted", "--help"],
+                                  ["grade", "--help"]], ids=" ".join)
+def test_the_cli_help_leaves_torch_unloaded(argv):
+    code = (f"import sys\nfrom mpcourse.cli import main\ntry:\n    main({argv!r})\n"
+            "except SystemExit as done:\n    assert done.code == 0, done.code")
+    assert not _loads_torch(code)
+
+
+def test_a_command_that_trains_gets_all_its_options():
+    from mpcourse.cli import build_parser
+    args = build_parser("train").parse_args(["train", "--precision", "bf16", "--steps", "3"])
+    assert (args.precision, args.steps) == ("bf16", 3)
+    full = build_parser().parse_args(["compare", "--precisions", "fp32", "--json"])
+    assert full.json and full.precisions == "fp32"

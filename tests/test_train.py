@@ -11,6 +11,7 @@ from mpcourse import hardware
 from mpcourse.data import Batches, MarkovText
 from mpcourse.models import GPT, next_token_loss
 from mpcourse.precision import RUN_PRECISIONS as PRECISIONS
+from mpcourse.precision import PrecisionSupport
 from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, RunConfig, RunResult,
                             UnacceleratedPrecisionWarning, compare, fit_to_hardware,
                             precision_support, train)
@@ -244,7 +245,7 @@ def test_command_line_compare_prints_the_table_and_saves_the_curves(tmp_path, ca
 def test_a_cpu_run_is_accelerated_only_where_the_calibration_says_so(monkeypatch, bf16_speedup, accelerated):
     monkeypatch.setattr(hardware, "measured_probe", lambda: hardware.MatmulProbe(
         256, {"fp32": 1e-3, "bf16": 1e-3 / bf16_speedup, "fp16": 0.1}))
-    flags_say_yes = hardware.PrecisionSupport(True, True, "avx512_bf16")
+    flags_say_yes = PrecisionSupport(True, True, "avx512_bf16")
     config = dataclasses.replace(TINY, precision="bf16")
     assert config.accelerated(torch.device("cpu"), flags_say_yes) is accelerated
     assert TINY.accelerated(torch.device("cpu"), flags_say_yes), "fp32 is the baseline"

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mpcourse.kahan import compensated_add
+from mpcourse.ladder_measure import SeedInterval, seed_interval
 from mpcourse.views.optimizers import plot_kahan_split, plot_ladder, plot_step_memory
 
 matplotlib.use("Agg")
@@ -33,12 +34,19 @@ def test_step_memory_bars_are_the_measurements():
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == labels
 
 
-def test_ladder_draws_one_dot_per_seed_and_the_noise_band():
-    gaps = [[0.0, 0.0], [-0.004, 0.003], [0.21, 0.2]]
-    fig = plot_ladder(["fp32", "sr", "none"], [16, 8, 8], gaps, noise=0.007)
+def test_ladder_draws_one_dot_per_seed_and_each_mean_with_its_interval():
+    gaps = [[0.0, 0.0, 0.0], [-0.004, 0.003, 0.001], [0.21, 0.2, 0.23]]
+    intervals = [seed_interval(g) if any(g) else SeedInterval(0.0, 0.0, 0.0, 0.0, 3) for g in gaps]
+    fig = plot_ladder(["fp32", "sr", "none"], [16, 8, 8], gaps, intervals)
     ax = fig.axes[0]
-    dots = sorted(y for collection in ax.collections if collection.get_offsets().shape[1] == 2
-                  for _, y in collection.get_offsets() if len(collection.get_offsets()) == 2)
+    dots = sorted(y for collection in ax.collections if len(collection.get_offsets()) == 3
+                  for _, y in collection.get_offsets())
     assert dots == pytest.approx(sorted(g for seeds in gaps for g in seeds))
-    band = ax.patches[0]  # axhspan: a rectangle spanning the axes' width
-    assert band.get_y() == pytest.approx(-0.007) and band.get_height() == pytest.approx(0.014)
+    bars = [c for c in ax.containers]  # errorbar containers: one per rung
+    assert len(bars) == 3
+    for bar, interval in zip(bars, intervals):
+        (_, y), = bar.lines[0].get_xydata()
+        assert y == pytest.approx(interval.mean)
+        if interval.spread:
+            segment = bar.lines[2][0].get_segments()[0]
+            assert sorted(p[1] for p in segment) == pytest.approx([interval.low, interval.high])

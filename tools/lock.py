@@ -7,6 +7,11 @@ next term installs the set that passed. It leaves out torch and the CUDA runtime
 PyPI's Linux build of torch pulls in: `TORCH_SPEC` chooses those. torch's own pure-Python
 dependencies (sympy, networkx, ...) are locked, resolved against the torch that CI pins.
 
+requirements-lab.txt is the part of the lock that `make lab` installs: the lines of the packages
+that the runtime dependencies and the `lab` extra need, found through the lock's own "# via"
+annotations, so that a learner's .venv holds no test or website tools. `make test` installs the
+whole lock over it. Both come from one resolution, so a package has one version in both.
+
 environment.yml, for conda users, gets the same pins without hashes (conda hands its pip
 section to pip in one call with `-e .`, and pip refuses hashes beside an editable install).
 
@@ -29,6 +34,9 @@ except ModuleNotFoundError:  # Python 3.10: the lock installs tomli there
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements-lock.txt"
+LAB_LOCK = ROOT / "requirements-lab.txt"
+#: The optional-dependency groups that `make lab` installs beside the runtime dependencies.
+LAB_EXTRAS = ("lab",)
 ENVIRONMENT = ROOT / "environment.yml"
 OLDEST_PYTHON = "3.10"  # pyproject's requires-python
 #: Packages that come only with PyPI's CUDA build of torch; TORCH_SPEC decides whether you get them.
@@ -40,8 +48,7 @@ ENV_END = "      # END LOCKED PINS"
 
 def extras() -> list[str]:
     """Every optional-dependency group of pyproject.toml: the lock covers them all."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return sorted(project.get("optional-dependencies", {}))
+    return sorted(project_table().get("optional-dependencies", {}))
 
 
 def compile_lock(uv: str, torch_version: str, hashes: bool, exclude=()) -> str:
@@ -69,6 +76,49 @@ def pins(lock_text: str) -> list[tuple[str, str, str]]:
         if match:
             found.append((match[1].lower(), match[2], (match[3] or "").strip()))
     return found
+
+
+def blocks(lock_text: str) -> list[tuple[str, str, set[str]]]:
+    """(name, the block's lines, the packages it is "# via") for each pin of a lock, in its order.
+
+    A block is a pin's line, its hashes and uv's annotation of what requires it, which is one
+    line (`# via furo`) or a list (`# via` then `#   httpx`, ...); `mpcourse (pyproject.toml)`
+    marks a requirement of pyproject.toml itself.
+    """
+    found: list[tuple[str, list[str], set[str]]] = []
+    for line in lock_text.splitlines():
+        match = PIN.match(line)
+        if match:
+            found.append((normalize(match[1]), [line], set()))
+        elif found and line.startswith("    "):
+            found[-1][1].append(line)
+            comment = line.strip().removeprefix("#").strip()
+            if line.lstrip().startswith("#") and comment != "via":
+                found[-1][2].add(normalize(comment.removeprefix("via ").split(" ")[0]))
+    return [(name, "\n".join(lines), via) for name, lines, via in found]
+
+
+def lab_lock(lock_text: str, project: dict) -> str:
+    """The part of a lock that the runtime dependencies and LAB_EXTRAS need (requirements-lab.txt):
+    every package they name, and every package that one of those requires, transitively."""
+    extras = project["optional-dependencies"]
+    roots = project["dependencies"] + [r for extra in LAB_EXTRAS for r in extras[extra]]
+    needed = {normalize(re.match(r"[A-Za-z0-9._-]+", r)[0]) for r in roots}
+    found = blocks(lock_text)
+    while True:
+        more = {name for name, _, via in found if name not in needed and via & needed}
+        if not more:
+            break
+        needed |= more
+    header = ("# The part of requirements-lock.txt that `make lab` installs: the packages the runtime\n"
+              f"# dependencies and the {', '.join(LAB_EXTRAS)} extra need, with the lock's versions and\n"
+              "# hashes. Written by `make lock` (tools/lock.py): never edit by hand.\n")
+    return header + "\n".join(block for name, block, _ in found if name in needed) + "\n"
+
+
+def project_table() -> dict:
+    """pyproject.toml's [project] table."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def locked_here(lock_text: str) -> dict[str, str]:
@@ -134,8 +184,10 @@ def main() -> int:
               "# install, torch apart (TORCH_SPEC chooses it). Written by `make lock` from\n"
               f"# pyproject.toml's ranges, resolved with torch=={args.torch}: never edit by hand.\n")
     LOCK.write_text(header + lock)
+    LAB_LOCK.write_text(lab_lock(header + lock, project_table()))
     ENVIRONMENT.write_text(environment_yml(lock, args.torch))
-    print(f"{LOCK.name}: {len(pins(lock))} pins; left to TORCH_SPEC: {', '.join(cuda)}")
+    print(f"{LOCK.name}: {len(pins(lock))} pins ({LAB_LOCK.name}: {len(pins(LAB_LOCK.read_text()))} of "
+          f"them); left to TORCH_SPEC: {', '.join(cuda)}")
     return 0
 
 

@@ -10,7 +10,7 @@ import torch
 from mpcourse import hardware
 from mpcourse.master import MasterWeightOptimizer
 from mpcourse.models import GPT, GPTConfig
-from mpcourse.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, autocast_dtype
+from mpcourse.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, PrecisionSupport, autocast_dtype
 
 AUTOCASTS = ("torch", "mpcourse")
 LOSS_SCALINGS = ("dynamic", "static", "off")
@@ -137,7 +137,7 @@ class RunConfig:
         """The step's loss as the run records it: this process's loss, in one process."""
         return loss.item()
 
-    def accelerated(self, device: torch.device, support: hardware.PrecisionSupport) -> bool:
+    def accelerated(self, device: torch.device, support: PrecisionSupport) -> bool:
         """Whether the hardware speeds this run's arithmetic up (`support` is its precision's).
 
         On a CPU a 16-bit precision also needs the calibration's word (`hardware.is_fast`): the

@@ -5,7 +5,7 @@ import dataclasses
 import warnings
 
 from mpcourse import hardware
-from mpcourse.precision import RUN_PRECISIONS
+from mpcourse.precision import RUN_PRECISIONS, PrecisionSupport
 from mpcourse.train.config import RunConfig
 
 
@@ -13,7 +13,7 @@ class UnacceleratedPrecisionWarning(UserWarning):
     """The precision runs on this device, but without hardware that makes it fast."""
 
 
-def precision_support(precision: str, device_type: str) -> hardware.PrecisionSupport:
+def precision_support(precision: str, device_type: str) -> PrecisionSupport:
     """Check that `precision` can run on `device_type`; warn when it runs without acceleration.
 
     Raises ValueError for a precision the device cannot run (e.g. bf16 on a GPU older than
@@ -36,7 +36,7 @@ def precision_support(precision: str, device_type: str) -> hardware.PrecisionSup
     return support
 
 
-def _device_precisions(device_type: str) -> dict[str, hardware.PrecisionSupport]:
+def _device_precisions(device_type: str) -> dict[str, PrecisionSupport]:
     report = hardware.report()
     if report.device_type == device_type:
         return report.precisions

@@ -92,27 +92,15 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
         with _matmul_precision(config.precision, device.type):
             for step in range(start_step, config.steps):
                 scale = run.scaler.get_scale() if run.scaler.is_enabled() else 1.0
-                outcome = []
-                run_step = lambda: outcome.extend(_train_step(run, step, config, result))  # noqa: E731
-                synchronize(device)
-                begin = time.perf_counter()
-                if step == measured_step and device.type != "cuda" and config.cpu_memory_accounting:
-                    peak = measure_peak_memory(run_step, model=run.model, optimizer=run.optimizer)
-                    _record_cpu_memory(result, peak, run.model, run.optimizer)
-                else:
-                    run_step()
-                synchronize(device)
-                seconds = time.perf_counter() - begin
-                loss, grad_norm = outcome
+                loss, grad_norm, seconds = _timed_step(run, step, config, result, device,
+                                                       measure_memory=step == measured_step)
                 info = StepInfo(step, config.steps, config.reported_loss(loss), seconds,
                                 config.batch_size * config.seq_len / seconds, scale,
                                 skipped=run.scaler.is_enabled() and not math.isfinite(grad_norm))
                 _record(result, info, timed=step >= start_step + config.warmup_steps)
                 for callback in callbacks:
                     callback(info)
-                out_of_time = (config.time_limit_s is not None
-                               and time.perf_counter() - started > config.time_limit_s)
-                if out_of_time and step + 1 < config.steps:
+                if _out_of_time(config, started) and step + 1 < config.steps:
                     result.stopped_early = True
                     break
             result.eval_loss = _evaluate(run.model, run.eval_batches, config, device.type)
@@ -133,6 +121,33 @@ def compare(configs: Iterable[RunConfig], callbacks: Iterable[Callback] = ()) ->
     `mpcourse.views.runs.RunComparison` to show side by side."""
     callbacks = list(callbacks)
     return [train(config, callbacks) for config in configs]
+
+
+def _timed_step(run: Setup, step: int, config: RunConfig, result: RunResult,
+                device: torch.device, measure_memory: bool) -> tuple[torch.Tensor, float, float]:
+    """One iteration of `_train_step`: its loss, its gradient norm and its seconds.
+
+    The device is synchronized on both sides of the timed region, so queued GPU work is not
+    charged to the next step. On a CPU, the step chosen by `measure_memory` also records the
+    step's peak memory, which only a watched step can see.
+    """
+    outcome = []
+    synchronize(device)
+    begin = time.perf_counter()
+    if measure_memory and device.type != "cuda" and config.cpu_memory_accounting:
+        peak = measure_peak_memory(lambda: outcome.append(_train_step(run, step, config, result)),
+                                   model=run.model, optimizer=run.optimizer)
+        _record_cpu_memory(result, peak, run.model, run.optimizer)
+    else:
+        outcome.append(_train_step(run, step, config, result))
+    synchronize(device)
+    (loss, grad_norm), = outcome
+    return loss, grad_norm, time.perf_counter() - begin
+
+
+def _out_of_time(config: RunConfig, started: float) -> bool:
+    """Whether the run has used up its `time_limit_s` (never, without one)."""
+    return config.time_limit_s is not None and time.perf_counter() - started > config.time_limit_s
 
 
 def _train_step(run: Setup, step: int, config: RunConfig, result: RunResult):

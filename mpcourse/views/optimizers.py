@@ -9,6 +9,8 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 
+from mpcourse.ladder_measure import SeedInterval
+
 
 def plot_kahan_split(weights: Sequence[float], compensations: Sequence[float],
                      exact: Sequence[float], gap: float):
@@ -65,22 +67,22 @@ def plot_step_memory(labels: Sequence[str], kept: Sequence[float], per_tensor: S
 
 
 def plot_ladder(labels: Sequence[str], bytes_per_parameter: Sequence[float],
-                gaps: Sequence[Sequence[float]], noise: float):
-    """Final loss minus FP32's (same seed) against bytes kept per parameter: one dot per seed,
-    a bar from the lowest to the highest seed, and the band of seed-to-seed noise."""
+                gaps: Sequence[Sequence[float]], intervals: Sequence[SeedInterval]):
+    """Final loss minus FP32's (same seed) against bytes kept per parameter: one dot per seed, and
+    beside them each rung's mean with its 95% confidence interval (`ladder_measure.seed_interval`,
+    the spread estimated from the seeds)."""
     fig, ax = plt.subplots(figsize=(8, 5.8))
-    ax.axhspan(-noise, noise, color="gray", alpha=0.15, label=f"seed noise (±{noise:.3f} nats)")
-    for i, (label, size, seeds) in enumerate(zip(labels, bytes_per_parameter, gaps)):
+    for i, (label, size, seeds, interval) in enumerate(zip(labels, bytes_per_parameter, gaps,
+                                                           intervals)):
         x = size + 0.12 * (i % 3 - 1)
-        ax.vlines(x, min(seeds), max(seeds), color=f"C{i}", lw=2)
-        ax.scatter([x] * len(seeds), seeds, color=f"C{i}", s=18, label=label)
+        ax.scatter([x] * len(seeds), seeds, color=f"C{i}", s=14, alpha=0.6, label=label)
+        ax.errorbar([x + 0.05], [interval.mean], yerr=[[interval.mean - interval.low],
+                    [interval.high - interval.mean]], color=f"C{i}", fmt="_", capsize=3, lw=1.5)
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_yscale("symlog", linthresh=0.01)  # linear within +-0.01 nats, logarithmic beyond
-    top = max(max(seeds) for seeds in gaps)
-    ax.set_ylim(-3 * noise, max(10 * noise, 3 * top))
     ax.set_xlabel("bytes per parameter kept between steps")
     ax.set_ylabel("final loss minus FP32's, same seed (nats)")
-    ax.set_title("What each rung costs and loses, over seeds (one dot per seed)")
+    ax.set_title("What each rung costs and loses: dots per seed, mean with its 95% interval")
     fig.legend(fontsize="x-small", ncol=3, loc="lower center")
     fig.tight_layout(rect=(0, 0.16, 1, 1))
     return fig

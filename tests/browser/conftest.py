@@ -79,3 +79,18 @@ def lab(chromium_path, tmp_path_factory):
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    """The site as `make site` builds it, into a folder of its own: built once per session, for
+    the site's tests and its accessibility audit alike."""
+    import site_build  # it imports this module's helpers
+    return site_build.build(tmp_path_factory.getbasetemp() / "site")
+
+
+@pytest.fixture(scope="session")
+def server(site) -> str:
+    """The built site over HTTP on 127.0.0.1, as a static host would serve it."""
+    import site_build
+    return site_build.serve(site)

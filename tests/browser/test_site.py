@@ -5,82 +5,26 @@ carries its Colab, Kaggle and download links, 'lesson NN' in the prose links tha
 search finds a page by a word in it."""
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import re
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
 import pytest
 
-from conftest import ROOT, unavailable
+import site_build
+from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "site"))
 from course_site import hosted  # noqa: E402  (the site's own copy of mpcourse.hosted)
 
 from mpcourse.course import LESSONS  # noqa: E402
 
-#: Every element's links and pictures on a loaded page, in one round trip.
-_PAGE_JS = """() => ({
-  links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-  images: [...document.querySelectorAll('img')].map(i => ({src: i.currentSrc || i.src,
-           ok: i.complete && i.naturalWidth > 0 && i.naturalHeight > 0})),
-  bar: [...document.querySelectorAll('.course-links a')].map(a => [a.textContent, a.getAttribute('href')]),
-  xrefs: [...document.querySelectorAll('a.course-xref')].map(a => [a.textContent, a.getAttribute('href')]),
-})"""
-
-
-@pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Path:
-    """The site as `make site` builds it, into a folder of its own."""
-    try:
-        import myst_nb  # noqa: F401
-        import sphinx  # noqa: F401
-    except ImportError:
-        unavailable("Sphinx and myst-nb are missing; install the site extra: pip install -e '.[site]'")
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-q", "-W", "--keep-going", "-b", "html",
-                           str(ROOT / "site"), str(out)], capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, f"the site did not build without warnings:\n{done.stderr[-5000:]}"
-    return out
-
-
-@pytest.fixture(scope="session")
-def server(site):
-    """The built site over HTTP on 127.0.0.1, as a static host would serve it."""
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="session")
 def visited(site, server, browser_context):
     """Each page of the site, loaded once: its console errors, links, pictures and link bar."""
-    pages = {}
-    for path in sorted(site.rglob("*.html")):
-        name = path.relative_to(site).as_posix()
-        if name.startswith("_"):
-            continue
-        page = browser_context.new_page()
-        errors = []
-        page.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
-        page.goto(server + name, wait_until="load")
-        page.wait_for_load_state("networkidle")
-        pages[name] = dict(page.evaluate(_PAGE_JS), errors=errors)
-        page.close()
-    return pages
+    return site_build.visit_all(browser_context, server, site)
 
 
 def test_every_lesson_and_exercise_has_a_page(visited):
@@ -150,10 +94,11 @@ def test_lessons_named_in_the_prose_link_to_their_pages(visited):
 
 def test_search_finds_a_lesson_by_a_word_in_it(server, browser_context):
     page = browser_context.new_page()
+    page.set_default_timeout(site_build.PAGE_TIMEOUT_S * 1000)
     page.goto(server + "search.html?q=GradScaler")
     # Sphinx lists results as it finds them and writes "Search finished" once all are in
     page.wait_for_function("(document.querySelector('#search-results .search-summary') || {}).textContent"
-                           "?.includes('Search finished')", timeout=60_000)
+                           "?.includes('Search finished')")
     found = page.eval_on_selector_all("#search-results ul.search li a", "links => links.map(a => a.href)")
     page.close()
     assert any(re.search(r"/notebooks/05_loss_scaling\.html", link) for link in found), found

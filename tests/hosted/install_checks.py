@@ -1,16 +1,25 @@
-"""The package installed as a learner installs it, in a hosted notebook simulated here.
+"""The package installed as a learner installs it, in Colab and Kaggle as simulated here.
 
-Lessons 00 and 06 and exercise 01 are copied alone into an empty folder and run, under nbval, by a
-bare Python: a fresh virtual environment with torch, Jupyter's kernel and nbval, but not mpcourse,
-as Colab and Kaggle are. Each notebook's bootstrap cell must install the package, from the wheel
-just built (through MPCOURSE_INSTALL_SOURCE, where Colab installs from the repository), and every
-stored output must then hold. What that install added to the environment is the wheel with its
-requirements alone: the library and the CLI, every module importable, and nothing of JupyterLab
-or the test tools. (One environment serves both, as installing torch takes minutes.)
+A bare Python stands for the hosted kernel: a fresh virtual environment with torch, Jupyter's
+kernel and the ipywidgets (7.7.1) and ml_dtypes (0.4.1) that Colab preinstalls, but not
+mpcourse. Each notebook runs as there (tests/hosted/run_notebook.py): its kernel works in the
+platform's folder (`content/`, `kaggle/working/` under a temporary directory), which does not
+hold the notebook, with JPY_SESSION_NAME unset and the platform's environment variable set. The
+first notebook's bootstrap cell must install the package, from the wheel just built (through
+MPCOURSE_INSTALL_SOURCE, where Colab installs from the repository), say so, and say how to get a
+GPU; lessons 00 and 06 and ex01's solution then run without an error. What the install added is
+the wheel with its requirements alone: every module importable, the CLI, and nothing of
+JupyterLab or the test tools. (One environment serves both layouts, as installing torch takes
+minutes: between them mpcourse is uninstalled and the preinstalled versions are put back.)
+
+check() there (ex01's solution scores full marks, the released ex01 scores 0 with hints) waits
+for check() to work without the notebook's file: issue 35, point 1; those two tests are xfail
+until then, strictly, so that they fail once it lands and the mark must go.
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import zipfile
 
@@ -20,12 +29,20 @@ import mpcourse
 from install import ROOT, bare_python, clean_env, run
 from mpcourse.hosted import SOURCE_VARIABLE
 
-NOTEBOOKS = ["notebooks/00_welcome.ipynb", "notebooks/06_training_lab.ipynb", "solutions/ex01_bf16_rounding.ipynb"]
+LESSONS = ["notebooks/00_welcome.ipynb", "notebooks/06_training_lab.ipynb"]
+SOLVED, RELEASED = "solutions/ex01_bf16_rounding.ipynb", "exercises/ex01_bf16_rounding.ipynb"
+#: What Colab preinstalls that the course upgrades (ipywidgets 7 -> 8, ml_dtypes -> 0.7).
+PREINSTALLED = ["ipywidgets==7.7.1", "ml_dtypes==0.4.1"]
+#: Each platform's working folder and the variable its kernels have (mpcourse.hosted_session).
+LAYOUTS = {"colab": ("content", {"COLAB_RELEASE_TAG": "release-colab-simulated"}),
+           "kaggle": ("kaggle/working", {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"})}
 #: Every module of the checkout's package, which the wheel must hold and import.
 MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
                  for p in (ROOT / "mpcourse").rglob("*.py"))
 #: What a hosted notebook's own Jupyter provides, and `make test` installs: never the wheel.
 NOT_RUNTIME = {"jupyterlab", "notebook", "jupyter-server", "nbval", "nbclient", "pytest", "hypothesis"}
+CHECK_NEEDS_THE_FILE = ("check() reads the exercise's tests from the notebook file, which Colab and Kaggle "
+                        "do not put in the working folder: issue 35, point 1 (tests shipped in the package)")
 
 
 def _packages(python, cwd) -> dict[str, str]:
@@ -33,22 +50,55 @@ def _packages(python, cwd) -> dict[str, str]:
     return {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(done.stdout)}
 
 
+def _run(python, notebook, workdir, env, preload="") -> list[dict]:
+    done = run([str(python), str(ROOT / "tests" / "hosted" / "run_notebook.py"), str(notebook), str(workdir),
+                *([preload] if preload else [])], cwd=workdir, env=env, timeout=3600)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
-def hosted(wheel, tmp_path_factory):
-    """The bare Python before and after the notebooks ran in it, and nbval's report."""
-    python = bare_python(tmp_path_factory.mktemp("hosted-venv"), "ipykernel", "nbval")
-    folder = tmp_path_factory.mktemp("hosted-notebooks")
+def python(tmp_path_factory):
+    return bare_python(tmp_path_factory.mktemp("hosted-venv"), "ipykernel", *PREINSTALLED)
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def hosted(request, python, wheel, tmp_path_factory):
+    """The layout's runs: each notebook's cells, the packages before and after, what was found."""
+    folder, variables = LAYOUTS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    workdir, opened = root / folder, root / "opened-from"  # the notebooks are read from elsewhere
+    workdir.mkdir(parents=True)
+    opened.mkdir()
+    run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "mpcourse"], env=clean_env())
+    run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", *PREINSTALLED], env=clean_env())
     found = run([str(python), "-c", "import importlib.util as u; print(u.find_spec('mpcourse'))"],
-                cwd=folder, env=clean_env())
-    before = _packages(python, folder)
-    for notebook in NOTEBOOKS:
-        shutil.copy(ROOT / notebook, folder)
-    nbval = run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
-                 "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), "-q",
-                 *[n.rsplit("/", 1)[1] for n in NOTEBOOKS]],
-                cwd=folder, env=clean_env(**{SOURCE_VARIABLE: str(wheel)}), timeout=1500)
-    return dict(python=python, folder=folder, found_before=found.stdout.strip(), before=before,
-                after=_packages(python, folder), nbval=nbval.stdout)
+                cwd=workdir, env=clean_env()).stdout.strip()
+    before = _packages(python, workdir)
+    env = clean_env(**{SOURCE_VARIABLE: str(wheel)}, **variables)
+    env.pop("JPY_SESSION_NAME", None)
+    runs = {}
+    for notebook in LESSONS + [SOLVED, RELEASED]:
+        copy = opened / notebook.replace("/", "-")
+        shutil.copy(ROOT / notebook, copy)
+        runs[notebook] = _run(python, copy, workdir, env)
+    after = _packages(python, workdir)
+    return dict(layout=request.param, python=python, workdir=workdir, env=env, found_before=found,
+                before=before, after=after, runs=runs)
+
+
+def _bootstrap_lines(cells: list[dict]) -> list[str]:
+    (cell,) = [c for c in cells if c["id"] == "mpcourse-bootstrap"]
+    assert cell["error"] is None, cell["error"]
+    return cell["text"].strip().splitlines()
+
+
+def _check_table(cells: list[dict]) -> tuple[str, float, float]:
+    """The check() cell's table, and its total as (score, out of)."""
+    (cell,) = [c for c in cells if "check(" in c["source"] and "import check" in c["source"]]
+    assert cell["error"] is None, cell["error"]
+    total = re.search(r"^total\s+([\d.]+)/([\d.]+)", cell["text"], re.MULTILINE)
+    assert total, cell["text"]
+    return cell["text"], float(total[1]), float(total[2])
 
 
 def test_the_wheel_is_named_with_the_single_sourced_version_and_holds_every_module(wheel):
@@ -59,25 +109,76 @@ def test_the_wheel_is_named_with_the_single_sourced_version_and_holds_every_modu
     assert not missing, f"the wheel lacks {missing}"
 
 
-def test_lessons_and_an_exercise_install_mpcourse_and_pass_nbval_alone(hosted):
+def test_the_build_prints_no_deprecation(built):
+    """The pinned setuptools reads the SPDX license: no SetuptoolsDeprecationWarning block, which
+    Colab's and Kaggle's pip printed three times."""
+    _, output = built
+    assert "Deprecat" not in output, output[output.find("Deprecat") - 300:][:1500]
+
+
+def test_the_first_lesson_installs_mpcourse_and_says_how_to_get_a_gpu(hosted):
     assert hosted["found_before"] == "None", "the bare Python must not have mpcourse before the notebooks run"
-    assert " passed" in hosted["nbval"] and "failed" not in hosted["nbval"], hosted["nbval"][-3000:]
+    lines = _bootstrap_lines(hosted["runs"][LESSONS[0]])
+    platform = "Colab" if hosted["layout"] == "colab" else "Kaggle"
+    installed = r"mpcourse was not installed: installed it with pip from \S+\.whl in \d+ s"
+    assert re.fullmatch(installed, lines[0]), lines
+    assert len(lines) == 2 and lines[1].startswith(f"No GPU in this {platform} session"), lines
     assert hosted["after"].get("mpcourse") == mpcourse.__version__
+    assert _bootstrap_lines(hosted["runs"][LESSONS[1]]) == lines[1:], "installed, the next one only advises"
 
 
-def test_the_install_added_the_library_and_nothing_of_jupyterlab_or_the_test_tools(hosted):
+def test_lessons_and_the_solved_exercise_run_without_an_error(hosted):
+    errors = [f"{notebook}: {cell['source'][:80]!r}: {cell['error']}"
+              for notebook in LESSONS + [SOLVED] for cell in hosted["runs"][notebook]
+              if cell["error"] and "import check" not in cell["source"]]
+    assert not errors, errors
+
+
+def test_the_install_upgraded_the_preinstalled_widgets_and_added_nothing_of_jupyterlab(hosted):
     added = set(hosted["after"]) - set(hosted["before"])
-    assert {"mpcourse", "matplotlib", "ml-dtypes"} <= added | set(hosted["before"])
+    assert {"mpcourse", "matplotlib"} <= added | set(hosted["before"])
     assert not added & NOT_RUNTIME, sorted(added & NOT_RUNTIME)
-    assert "jupyterlab" not in hosted["after"]
+    assert hosted["before"]["ipywidgets"].startswith("7.") and hosted["after"]["ipywidgets"].startswith("8.")
+    assert tuple(map(int, hosted["after"]["ml-dtypes"].split(".")[:2])) >= (0, 7)
+
+
+def test_a_session_that_loaded_the_old_widgets_is_told_to_restart(hosted, tmp_path):
+    """As when ipywidgets 7 was imported before the bootstrap ran: the upgrade needs a restart."""
+    python = hosted["python"]
+    run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "mpcourse"], env=clean_env())
+    run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", PREINSTALLED[0]], env=clean_env())
+    lesson = json.loads((ROOT / LESSONS[0]).read_text())
+    lesson["cells"] = [c for c in lesson["cells"] if c.get("id") == "mpcourse-bootstrap"]
+    copy = tmp_path / "bootstrap-only.ipynb"
+    copy.write_text(json.dumps(lesson))
+    cells = _run(python, copy, hosted["workdir"], hosted["env"], preload="import ipywidgets")
+    clicks = {"colab": "Runtime -> Restart session",
+              "kaggle": "Run -> Restart & clear cell outputs"}[hosted["layout"]]
+    restart = [line for line in _bootstrap_lines(cells) if line.startswith("Restart needed")]
+    assert len(restart) == 1 and "ipywidgets 7.7.1 -> 8." in restart[0] and clicks in restart[0], restart
+
+
+@pytest.mark.xfail(strict=True, reason=CHECK_NEEDS_THE_FILE)
+def test_the_solved_exercise_checks_to_full_marks_without_its_file(hosted):
+    table, score, out_of = _check_table(hosted["runs"][SOLVED])
+    assert out_of > 0 and score == out_of and "FAIL" not in table, table
+
+
+@pytest.mark.xfail(strict=True, reason=CHECK_NEEDS_THE_FILE)
+def test_the_released_exercise_checks_to_zero_with_hints_without_its_file(hosted):
+    table, score, out_of = _check_table(hosted["runs"][RELEASED])
+    rows = [line for line in table.splitlines()[1:] if not line.startswith("total")]
+    assert out_of > 0 and score == 0 and rows, table
+    assert all(" FAIL " in row and row.split("FAIL", 1)[1].strip() for row in rows), table
 
 
 def test_every_module_imports_and_the_cli_runs_from_the_installed_wheel(hosted):
     code = ("import importlib, json\n"
             f"for name in {MODULES!r}:\n    importlib.import_module(name)\n"
             "import mpcourse\nprint(json.dumps({'file': mpcourse.__file__}))")
-    done = run([str(hosted["python"]), "-c", code], cwd=hosted["folder"], env=clean_env())
+    done = run([str(hosted["python"]), "-c", code], cwd=hosted["workdir"], env=clean_env())
     file = json.loads(done.stdout.strip().splitlines()[-1])["file"]
     assert "site-packages" in file and not file.startswith(str(ROOT))
-    doctor = run([str(hosted["python"].parent / "mpcourse"), "doctor"], cwd=hosted["folder"], env=clean_env())
+    doctor = run([str(hosted["python"].parent / "mpcourse"), "doctor"], cwd=hosted["workdir"],
+                 env=clean_env())
     assert "precision" in doctor.stdout and "The lab's size here" in doctor.stdout
