@@ -16,7 +16,8 @@ LESSON_BUDGET_S = 90   # one lesson under nbval, unless it is named below with i
 #: steps (FP32 and five recipes with and without an outlier feature, and NVFP4's ablation, each
 #: over four seeds, the fewest that can estimate a seed spread; issue 36). Fewer or shorter runs
 #: did not learn with the outlier, or could not separate the recipes from the seed spread. The
-#: whole lesson takes about 220 s of CPU time (2026-12-02), most of it in the emulated FP4 casts.
+#: whole lesson takes about 220 s of CPU time, most of it in the emulated FP4 casts; under nbval
+#: 249 s at load 1 to 3 on 2 cores, 430 s at load 8 to 9 (2026-12-02).
 BUDGET_EXCEPTIONS_S = {"10_block_scaling.ipynb": 300}
 
 
