@@ -104,11 +104,10 @@ class BlockScaledLinear(nn.Linear):
     draws the stochastic rounding and the Hadamard signs, so that a run can be replayed."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"], outlier_scale: float = 1.0,
+                 recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"],
                  generator: torch.Generator | None = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = recipe
-        self.outlier_scale = outlier_scale   # the old staging (x * s, W / s); prefer outlier_gain
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
 
     @classmethod
@@ -117,12 +116,8 @@ class BlockScaledLinear(nn.Linear):
         return sharing_parameters(cls, linear, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat, weight = x.reshape(-1, self.in_features), self.weight
-        if self.outlier_scale != 1.0:   # staged: FP4 weight quantizers then flush column 0 (issue 36, N4)
-            staged = torch.ones(self.in_features, dtype=flat.dtype, device=flat.device)
-            staged[OUTLIER_FEATURE] = self.outlier_scale
-            flat, weight = flat * staged, weight / staged
-        y = _BlockScaledMatmul.apply(flat, weight, self.recipe, self.generator)
+        flat = x.reshape(-1, self.in_features)
+        y = _BlockScaledMatmul.apply(flat, self.weight, self.recipe, self.generator)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -241,7 +236,6 @@ class BlockScaledRunConfig(OutlierRunConfig):
     """
     recipe: str = "mxfp8"
     keep_blocks: tuple[int, ...] = ()
-    outlier_scale: float = 1.0     # the old staging, which divides weight column 0 (see BlockScaledLinear)
     loss_scaling: str = "off"
 
     def __post_init__(self):
@@ -270,9 +264,6 @@ class BlockScaledRunConfig(OutlierRunConfig):
         skip = ("head",) + tuple(name for name, m in model.named_modules()
                                  if isinstance(m, nn.Linear) and any(name.startswith(k) for k in kept))
         convert_to_block_scaled(model, RECIPES_BY_NAME[self.recipe], skip=skip, seed=self.seed)
-        for name, module in model.named_modules():
-            if isinstance(module, BlockScaledLinear) and name.endswith(OUTLIER_LAYER):
-                module.outlier_scale = self.outlier_scale
         if self.outlier_gain != 1.0:
             add_outlier_feature(model, self.outlier_gain)
         return model

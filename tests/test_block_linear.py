@@ -200,3 +200,24 @@ def test_the_outlier_gain_reaches_the_gradients_and_per_tensor_fp4_loses_the_ord
     model(torch.randint(0, 64, (2, 16))).sum().backward()
     assert model.blocks[0].mlp[2].weight.grad[:, 0].abs().sum() > 0
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+def test_the_outlier_layer_multiplies_its_own_weight_with_no_column_divided():
+    """The forward of an NVFP4 run's second MLP linear, on an input with the outlier gain, is
+    exactly quantize(x) @ quantize(W).T + b with the model's W: no weight column is divided (the
+    old staging divided column 0 by the gain, and FP4 then flushed that column to zero)."""
+    config = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=1, n_heads=2)
+    torch.manual_seed(5)
+    model = BlockScaledRunConfig(recipe="nvfp4", outlier_gain=100.0, d_model=32, n_layers=1,
+                                 n_heads=2).prepare_model(GPT(config))
+    layer = model.blocks[0].mlp[2]
+    # what the layer's forward receives: its input after the gain's pre-hook
+    gained = _mlp2_inputs(model, torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)))[0]
+    flat = gained.reshape(-1, layer.in_features)
+    assert flat[:, 0].abs().mean() > 20 * flat[:, 1:].abs().mean()
+    w_forward, _ = weight_for_both_passes(layer.weight.detach(), NVFP4_16x16)
+    expected = fake_quantize(flat, NVFP4) @ w_forward.t() + layer.bias.detach()
+    with torch.no_grad():
+        got = layer.forward(gained).reshape(-1, layer.out_features)
+    assert torch.equal(got, expected)
+    assert w_forward[:, 0].ne(0).any()      # the column that reads the outlier is kept
