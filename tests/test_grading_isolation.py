@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -348,9 +349,13 @@ NAMESPACES_REFUSED = ('#!/bin/sh\n# bwrap as it fails under Docker\'s default se
 
 
 def _sandbox_files() -> list[str]:
+    """Files a sandbox's uid left in the shared temporary folders; the work folders of sandboxes
+    that other tests run meanwhile (mpcourse-sandbox-*, each removed with its sandbox) aside."""
     found = []
     for folder in ("/tmp", "/var/tmp", "/dev/shm"):
         for entry in os.scandir(folder) if os.path.isdir(folder) else ():
+            if entry.name.startswith("mpcourse-sandbox-"):
+                continue
             try:
                 if entry.stat(follow_symlinks=False).st_uid >= FIRST_UID:
                     found.append(entry.path)
@@ -373,15 +378,21 @@ def fallback(tmp_path_factory):
     digests = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
     manifest = json.loads((FIXTURES / "MANIFEST.json").read_text())
     paths = [str(submissions / f"{name}.ipynb") for name in manifest]
-    env = dict(os.environ, PATH=f"{tmp / 'bin'}:{os.environ['PATH']}",
+    # this run's sandbox folders in a scratch folder of its own (others may grade beside it)
+    scratch = Path(tempfile.mkdtemp(prefix="mpcourse-fallback-test-"))
+    scratch.chmod(0o711)
+    env = dict(os.environ, PATH=f"{tmp / 'bin'}:{os.environ['PATH']}", TMPDIR=str(scratch),
                MPCOURSE_SABOTAGE_TARGET=str(solutions / "ex00_bytes.ipynb"))
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--solutions", str(solutions), "--timeout",
                            "30", "--jobs", "2", "--json", *paths], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=backstop(paths, 30, jobs=2))
     after = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
     changed = sorted(name for name in digests if after.get(name) != digests[name])
+    left = [str(p) for p in scratch.iterdir()]
+    if not left:
+        scratch.rmdir()
     return SimpleNamespace(done=done, manifest=manifest, changed=changed, survivors=sandbox_processes("613.371"),
-                           files=_sandbox_files())
+                           files=_sandbox_files() + left)
 
 
 @ROOT_ONLY

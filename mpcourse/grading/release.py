@@ -15,13 +15,20 @@ from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_nam
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 
 
+def check_metadata(solution: nbformat.NotebookNode) -> dict:
+    """What check() needs to build the tests' namespace as the grader does: the answers to ask
+    the kernel for, and the cells (by id) that the tests' setup is made of."""
+    answers = [n for c in solution.cells if has_solution(c) for n in defined_names(without_markers(
+        c.source, BEGIN_SOLUTION, END_SOLUTION))]
+    setup = [c.get("id") for c in solution.cells if c.cell_type == "code" and not is_test_cell(c)
+             and not has_solution(c) and not is_check_cell(c)]
+    return {"answers": list(dict.fromkeys(answers)), "setup": setup}
+
+
 def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The learner's version of a solution notebook named `name` (e.g. "ex00_bytes")."""
     nb = nbformat.from_dict(solution)  # a deep copy
-    answers = [n for c in nb.cells if has_solution(c) for n in defined_names(without_markers(
-        c.source, BEGIN_SOLUTION, END_SOLUTION))]
-    setup = [c.get("id") for c in nb.cells if c.cell_type == "code" and not is_test_cell(c)
-             and not has_solution(c) and not is_check_cell(c)]
+    found = check_metadata(nb)
     for index, cell in enumerate(nb.cells):
         where = f"{name}, cell {index}"
         cell.metadata.pop("execution", None)
@@ -35,10 +42,7 @@ def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.Not
         cell.outputs = []
         cell.execution_count = None
     asked = solution.metadata.get("mpcourse", {}).get("write_yourself")
-    # what check() needs to build the tests' namespace as the grader does: the answers to ask
-    # the kernel for, and the cells (by id) that the tests' setup is made of
-    nb.metadata["mpcourse"] = {"exercise": name, "answers": list(dict.fromkeys(answers)), "setup": setup,
-                               **({"write_yourself": list(asked)} if asked else {})}
+    nb.metadata["mpcourse"] = {"exercise": name, **found, **({"write_yourself": list(asked)} if asked else {})}
     return nb
 
 

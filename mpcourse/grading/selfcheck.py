@@ -12,7 +12,7 @@ import nbformat
 from mpcourse.grading import judge
 from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names, has_code, has_solution,
                                        is_test_cell, visible, without_markers)
-from mpcourse.grading.release import STUB
+from mpcourse.grading.release import STUB, check_metadata
 from mpcourse.grading.stubs import write_yourself
 
 
@@ -79,6 +79,8 @@ def check(notebook: str | os.PathLike | None = None) -> Score:
     meta = nb.metadata.get("mpcourse", {})
     if hasattr(shell, "run_cell"):  # in the learner's kernel, as in the grader's sandbox (not in a test run)
         write_yourself(meta.get("write_yourself", ()))
+    if ("answers" not in meta or "setup" not in meta) and any(has_solution(c) for c in nb.cells):
+        meta = {**meta, **check_metadata(nb)}  # a solution notebook: what release would write
     if "answers" not in meta or "setup" not in meta:
         raise ValueError(f"{path} lacks the metadata `mpcourse release` writes (its answers and setup cells): "
                          "take a fresh copy of the exercise")
