@@ -8,6 +8,12 @@ import os
 import sys
 
 
+def _refuse(command: str, error) -> int:
+    """Say on stderr why `mpcourse COMMAND` cannot go on; return the exit status for bad input."""
+    print(f"mpcourse {command}: {error}", file=sys.stderr)
+    return 2
+
+
 def _release(args: argparse.Namespace) -> int:
     from mpcourse.grading.release import release_all
     for written in release_all(args.solutions, args.exercises):
@@ -21,11 +27,9 @@ def _grade(args: argparse.Namespace) -> int:
     try:
         systems = parse_systems(args.lms)
     except ValueError as error:
-        print(f"mpcourse grade: {error}", file=sys.stderr)
-        return 2
+        return _refuse("grade", error)
     if systems and not args.csv:
-        print("mpcourse grade: --lms writes its gradebook beside the --csv one: add --csv FILE", file=sys.stderr)
-        return 2
+        return _refuse("grade", "--lms writes its gradebook beside the --csv one: add --csv FILE")
     status = grade_command(args)
     for system in systems if args.csv and os.path.isfile(args.csv) else ():
         try:
@@ -44,8 +48,7 @@ def _gradebook(args: argparse.Namespace) -> int:
         for system in parse_systems(args.lms):
             print(f"wrote {write_lms_gradebook(system, args.gradebook, assignment_ids=ids)}")
     except (ValueError, OSError) as error:
-        print(f"mpcourse gradebook export: {error}", file=sys.stderr)
-        return 2
+        return _refuse("gradebook export", error)
     return 0
 
 
@@ -58,8 +61,7 @@ def _collect(args: argparse.Namespace) -> int:
         names = [path.stem for path in find_solutions(args.solutions or default_solutions()).values()]
         found = collect(args.system, args.download, args.out, names, args.roster)
     except (ValueError, OSError) as error:
-        print(f"mpcourse collect: {error}", file=sys.stderr)
-        return 2
+        return _refuse("collect", error)
     for message in found.messages:
         print(f"mpcourse collect: {message}", file=sys.stderr)
     learners = {learner for learner, _ in found.placed}
@@ -74,8 +76,7 @@ def _feedback(args: argparse.Namespace) -> int:
     try:
         pages = write_feedback(args.gradebook, args.solutions or default_solutions(), args.out)
     except (ValueError, OSError) as error:
-        print(f"mpcourse feedback: {error}", file=sys.stderr)
-        return 2
+        return _refuse("feedback", error)
     print(f"wrote {sum(map(len, pages.values()))} page(s) and {len(pages)} zip(s) in {args.out}")
     return 0
 
@@ -85,8 +86,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         print(f"wrote {write_report(args.gradebook, args.out)}")
     except (ValueError, OSError) as error:
-        print(f"mpcourse report: {error}", file=sys.stderr)
-        return 2
+        return _refuse("report", error)
     return 0
 
 
@@ -106,8 +106,7 @@ def _autograder(args: argparse.Namespace) -> int:
             for path in write_classroom(args.exercises_dir, args.out, args.timeout_minutes):
                 print(f"wrote {path}")
     except ValueError as error:
-        print(f"mpcourse autograder: error: {error}", file=sys.stderr)
-        return 2
+        return _refuse("autograder", error)
     return 0
 
 
