@@ -9,6 +9,8 @@ import html
 import io
 import json
 import os
+import pty
+import select
 import zipfile
 from pathlib import Path
 
@@ -131,6 +133,28 @@ def test_the_report_sorts_tests_hardest_first_and_lists_zeros_and_the_slowest():
     page = report.report_html(results)
     assert page.index("s/ben/ex00_bytes.ipynb") < page.index("s/ada/ex00_bytes.ipynb")  # slowest first
     assert page.count('<img alt="') == 2
+
+
+def test_the_progress_bar_shows_on_a_terminal_that_reports_no_width():
+    """A pty opened without a size (as `script` or `docker exec -t` give) is 0 columns wide, where
+    tqdm draws nothing: the bar takes a default width instead."""
+    leader, follower = pty.openpty()
+    assert os.get_terminal_size(follower).columns == 0
+    with os.fdopen(follower, "w") as terminal:
+        bar = progress.Progress(2, stream=terminal)
+        for path in ("s/ada/ex00.ipynb", "s/ben/ex00.ipynb"):
+            bar.done(_result(path, seconds=1.0))
+        bar.close()
+        terminal.flush()
+    shown = b""
+    while select.select([leader], [], [], 1.0)[0]:
+        try:
+            shown += os.read(leader, 1 << 16)
+        except OSError:  # the follower is closed and everything was read
+            break
+    os.close(leader)
+    shown = shown.decode()
+    assert "grading: 100%" in shown and "2/2" in shown, repr(shown)
 
 
 def test_the_progress_bar_counts_submissions_and_names_the_slowest():
