@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import select
+import sys
 import zipfile
 from pathlib import Path
 
@@ -135,13 +136,15 @@ def test_the_report_sorts_tests_hardest_first_and_lists_zeros_and_the_slowest():
     assert page.count('<img alt="') == 2
 
 
-def test_the_progress_bar_shows_on_a_terminal_that_reports_no_width():
-    """A pty opened without a size (as `script` or `docker exec -t` give) is 0 columns wide, where
-    tqdm draws nothing: the bar takes a default width instead."""
+def test_the_progress_bar_shows_on_a_terminal_that_reports_no_size(monkeypatch):
+    """A pty opened without a size (as `script` or `docker exec -t` give) has 0 rows and columns,
+    where tqdm draws nothing: the bar takes a default size instead. Drawn on stderr, as in
+    `mpcourse grade`, since tqdm reads the terminal's size only for stderr and stdout."""
     leader, follower = pty.openpty()
-    assert os.get_terminal_size(follower).columns == 0
+    assert tuple(os.get_terminal_size(follower)) == (0, 0)
     with os.fdopen(follower, "w") as terminal:
-        bar = progress.Progress(2, stream=terminal)
+        monkeypatch.setattr(sys, "stderr", terminal)
+        bar = progress.Progress(2)
         for path in ("s/ada/ex00.ipynb", "s/ben/ex00.ipynb"):
             bar.done(_result(path, seconds=1.0))
         bar.close()

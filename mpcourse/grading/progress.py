@@ -2,9 +2,9 @@
 
 The bar (tqdm, on stderr) counts submissions done and left, with tqdm's estimate of the time
 left, and names the slowest submission so far with its seconds. It is drawn only when stderr is
-a terminal, so logs and pipes stay clean; a terminal that reports no width (a pty opened without
-a size, as `script` or `docker exec -t` can give) gets the width of `shutil.get_terminal_size`,
-since tqdm draws nothing at width 0. `--jsonl` prints one JSON object per submission on
+a terminal, so logs and pipes stay clean; a terminal that reports no size (a pty opened without
+one, as `script` or `docker exec -t` can give) gets `shutil.get_terminal_size`'s, since tqdm
+draws nothing on a terminal of 0 rows or columns. `--jsonl` prints one JSON object per submission on
 stdout as each finishes, for scripts that watch a long run.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ class Progress:
         stream = stream or sys.stderr
         if enabled is None:
             enabled = hasattr(stream, "isatty") and stream.isatty()
-        width = _fixed_width(stream)
+        size = _fixed_size(stream)
         self.bar = tqdm(total=total, file=stream, disable=not enabled, desc="grading", unit="notebook",
-                        dynamic_ncols=width is None, ncols=width)
+                        dynamic_ncols=size is None, ncols=size and size.columns, nrows=size and size.lines)
         self.slowest: SubmissionResult | None = None
 
     def done(self, result: SubmissionResult) -> None:
@@ -44,13 +44,13 @@ class Progress:
         self.bar.close()
 
 
-def _fixed_width(stream) -> int | None:
-    """The width to draw the bar at, or None to follow the terminal's width as it changes."""
+def _fixed_size(stream) -> os.terminal_size | None:
+    """The size to draw the bar for, or None to follow the terminal's size as it changes."""
     try:
-        columns = os.get_terminal_size(stream.fileno()).columns
+        size = os.get_terminal_size(stream.fileno())
     except (AttributeError, OSError, ValueError):  # not a terminal: tqdm draws without a width
         return None
-    return None if columns > 0 else shutil.get_terminal_size().columns
+    return None if size.columns > 0 and size.lines > 0 else shutil.get_terminal_size()
 
 
 def json_line(index: int, result: SubmissionResult) -> str:
