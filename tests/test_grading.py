@@ -60,6 +60,15 @@ def test_exercises_folder_is_exactly_what_release_writes(tmp_path):
                 f"{committed_folder / path.name} drifted from its solution: run `make release`"
 
 
+def test_release_outside_a_course_checkout_asks_where_the_visible_tests_go(tmp_path):
+    """By default the package's copy goes beside the solutions folder, into the course's package:
+    where there is none, release says so instead of making one up."""
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    with pytest.raises(ValueError, match=r"mpcourse/grading is not the course's package.*--visible-tests"):
+        release_all(tmp_path / "solutions", tmp_path / "exercises")
+    assert not (tmp_path / "mpcourse").exists()
+
+
 def test_the_shipped_tests_hold_no_hidden_line():
     """Hidden tests never ship: no line of a hidden block that the learner's copy does not also
     show is in the package's visible tests (a shipped file is readable by every learner)."""

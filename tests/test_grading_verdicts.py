@@ -50,7 +50,7 @@ TWINS = {
 }
 # honest variants of right answers: full marks
 HONEST = ["ex00_numpy_int", "ex05_numpy_and_namedtuple", "ex02_value_error_subclass", "ex04_helper_cells",
-          "ex00_quotes_check_line", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss", "ex01_correct",
+          "ex00_quotes_check_line", "ex00_answer_beside_check_call", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss", "ex01_correct",
           "ex02_breakdown_subclass", "ex00_split_test_cell", "ex06_correct", "ex06_divides_gradients"]
 
 

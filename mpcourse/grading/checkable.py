@@ -99,22 +99,22 @@ def from_notebook(nb: nbformat.NotebookNode, name: str) -> Checkable:
                      tuple(meta.get("write_yourself", ())))
 
 
-def known(folder: Path = SHIPPED) -> list[str]:
+def known() -> list[str]:
     """The exercises whose visible tests this package ships."""
-    return sorted(p.stem for p in folder.glob("ex*.json"))
+    return sorted(p.stem for p in SHIPPED.glob("ex*.json"))
 
 
-def shipped(exercise: str, release: str | None = None, folder: Path = SHIPPED) -> Checkable:
+def shipped(exercise: str, release: str | None = None) -> Checkable:
     """The package's copy of `exercise`; an unknown name, or a `release` fingerprint other than the
     package's, raises a ValueError that says which and how to bring the two together."""
-    names = known(folder)
+    names = known()
     if not isinstance(exercise, str) or not EXERCISE_NAME.fullmatch(exercise):
         raise ValueError(f"check({exercise!r}): not an exercise of this course; pass one of "
                          f"{', '.join(names)}, or a notebook's path ending in .ipynb")
     if exercise not in names:
         raise ValueError(f"The installed mpcourse does not know exercise {exercise!r} (it knows {', '.join(names)}), "
                          f"so it is older than this notebook: {update_advice()}")
-    found = Checkable.from_json((folder / f"{exercise}.json").read_text())
+    found = Checkable.from_json((SHIPPED / f"{exercise}.json").read_text())
     if release is not None and release != found.fingerprint:
         raise ValueError(f"This notebook was released from another version of the course than the installed "
                          f"mpcourse (the tests of {exercise}: release {release!r} here, {found.fingerprint!r} in "
@@ -127,12 +127,15 @@ def update_advice() -> str:
     from importlib.metadata import PackageNotFoundError, metadata
 
     from mpcourse.hosted import Repository
+    from mpcourse.hosted_session import hosted_platform
     try:
         urls = metadata("mpcourse").get_all("Project-URL") or []
     except PackageNotFoundError:
         urls = []
     url = next((u.split(",", 1)[1].strip() for u in urls if u.lower().startswith("repository,")), None)
     source = Repository(url).install_source if url else "mpcourse"
+    platform = hosted_platform()
+    restart = platform.restart_steps if platform else "Kernel -> Restart Kernel"
     return (f"update the package with `%pip install --force-reinstall --no-deps \"{source}\"`, restart the "
-            "kernel and run the notebook from the top (or, if the course changed since you opened this "
-            "notebook, open its current copy and move your answers there)")
+            f"kernel ({restart}) and run the notebook from the top (or, if the course changed since you "
+            "opened this notebook, open its current copy and move your answers there)")
