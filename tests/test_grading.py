@@ -185,13 +185,13 @@ def test_check_reads_the_file_where_the_kernel_finds_it(monkeypatch, nowhere):
     """A notebook of the named exercise in the working folder is the one checked (here, one whose
     visible test a learner edited: its hint shows), as in nbval and JupyterLab."""
     nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
-    (test,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "bytes_fp16"]
+    (test,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "fp16_ten_million"]
     test.source = 'assert tensor_bytes(1, torch.float16) == 3, "edited in this copy"'
     nbformat.write(nb, nowhere / "my copy of ex00.ipynb")
     monkeypatch.setattr(check_module, "_shell", lambda: SimpleNamespace(user_ns={"torch": torch, "tensor_bytes": (
         lambda numel, dtype: numel * torch.empty((), dtype=dtype).element_size())}))
     score = check_module.check(*_released_call("ex00_bytes"))
-    assert {r.id: r.reason for r in score.results}["bytes_fp16"] == "edited in this copy"
+    assert {r.id: r.reason for r in score.results}["fp16_ten_million"] == "edited in this copy"
     (nowhere / "my copy of ex00.ipynb").unlink()
     assert all(r.passed for r in check_module.check(*_released_call("ex00_bytes")).results)
 
