@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from grading_budgets import backstop, cpu_hogs, sandbox_processes, stop, submission_budget
-from mpcourse.grading import codec, gradebook
+from mpcourse.grading import checkable, codec, gradebook
 from mpcourse.grading import selfcheck as check_module
-from mpcourse.grading.exercise import HIDDEN_NOTE, load_exercise
+from mpcourse.grading.exercise import (BEGIN_HIDDEN, END_HIDDEN, HIDDEN_NOTE, check_line, is_check_cell,
+                                       load_exercise)
 from mpcourse.grading.release import release_all, release_notebook
 from mpcourse.grading.limits import Budget
 
@@ -46,13 +47,54 @@ def _test_cell(source, grade_id="t", points=1):
 
 
 def test_exercises_folder_is_exactly_what_release_writes(tmp_path):
-    written = release_all(ROOT / "solutions", tmp_path)
+    """Both copies release writes: the learner's notebooks in exercises/, and the visible tests
+    the package ships for check() (mpcourse/grading/visible_tests)."""
+    written = release_all(ROOT / "solutions", tmp_path / "exercises", tmp_path / "visible_tests")
     assert written, "no solutions found"
-    assert sorted(p.name for p in written) == sorted(p.name for p in (ROOT / "exercises").glob("*.ipynb")), \
-        "exercises/ and solutions/ hold different notebooks: run `make release`"
-    for fresh in written:
-        committed = (ROOT / "exercises" / fresh.name).read_text()
-        assert committed == fresh.read_text(), f"exercises/{fresh.name} drifted from its solution: run `make release`"
+    for folder, committed_folder in (("exercises", ROOT / "exercises"), ("visible_tests", checkable.SHIPPED)):
+        fresh = sorted(p for p in written if p.parent.name == folder)
+        assert fresh and [p.name for p in fresh] == sorted(p.name for p in committed_folder.glob("ex*")), \
+            f"{committed_folder} and solutions/ hold different exercises: run `make release`"
+        for path in fresh:
+            assert (committed_folder / path.name).read_text() == path.read_text(), \
+                f"{committed_folder / path.name} drifted from its solution: run `make release`"
+
+
+def test_release_outside_a_course_checkout_asks_where_the_visible_tests_go(tmp_path):
+    """By default the package's copy goes beside the solutions folder, into the course's package:
+    where there is none, release says so instead of making one up."""
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    with pytest.raises(ValueError, match=r"mpcourse/grading is not the course's package.*--visible-tests"):
+        release_all(tmp_path / "solutions", tmp_path / "exercises")
+    assert not (tmp_path / "mpcourse").exists()
+
+
+def test_the_shipped_tests_hold_no_hidden_line():
+    """Hidden tests never ship: no line of a hidden block that the learner's copy does not also
+    show is in the package's visible tests (a shipped file is readable by every learner)."""
+    hidden_lines = 0
+    for path in sorted((ROOT / "solutions").glob("ex*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        shown = "\n".join(c.source for c in nbformat.read(ROOT / "exercises" / path.name, as_version=4).cells)
+        blocks = [block.split(END_HIDDEN)[0] for c in cells for block in c.source.split(BEGIN_HIDDEN)[1:]]
+        secret = {line.strip() for block in blocks for line in block.splitlines()} - {""}
+        secret = {line for line in secret if line not in shown}
+        hidden_lines += len(secret)
+        packaged = checkable.shipped(path.stem)
+        text = "\n".join((*packaged.setup, *(t.source for t in packaged.tests), *packaged.answers))
+        leaked = [line for line in secret if line in text]
+        assert not leaked, f"{path.stem}: hidden test lines ship in the package: {leaked[:3]}"
+    assert hidden_lines > 20, "the solutions' hidden tests were not found: the test would prove nothing"
+
+
+def test_the_package_ships_every_exercise_as_released():
+    """The package's copy is what check() reads from each released notebook, and the check()
+    cell release wrote names the exercise and that copy's fingerprint."""
+    for path in sorted((ROOT / "exercises").glob("ex*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        from_file = checkable.from_notebook(nb, path.stem)
+        assert checkable.shipped(path.stem) == from_file
+        assert nb.cells[-1].source == check_line(path.stem, from_file.fingerprint)
 
 
 def test_release_stubs_solutions_at_their_indent_hides_tests_and_clears_outputs():
@@ -110,6 +152,63 @@ def test_check_without_definitions_fails_every_test_with_a_reason(monkeypatch):
     score = _check_with(monkeypatch, {"torch": torch})
     assert score.score == 0
     assert all(r.reason == "NameError: name 'tensor_bytes' is not defined" for r in score.results)
+
+
+def _released_call(name):
+    """The (exercise, release) arguments of a released notebook's check() cell, as the kernel gets them."""
+    call = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4).cells[-1].source
+    exercise, release = re.fullmatch(r'.*check\("([^"]+)", release="([^"]+)"\)', call).groups()
+    return exercise, release
+
+
+@pytest.fixture
+def nowhere(monkeypatch, tmp_path):
+    """A kernel as Colab's: its working folder holds no notebook, and Jupyter names none."""
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("answer, passed", [
+    (lambda numel, dtype: numel * torch.empty((), dtype=dtype).element_size(), [True, True, True]),
+    (lambda numel, dtype: numel * 4, [True, False, False]),
+])
+def test_check_without_the_file_shows_the_table_the_file_shows(monkeypatch, nowhere, answer, passed):
+    namespace = {"torch": torch, "tensor_bytes": answer}
+    from_file = _check_with(monkeypatch, namespace)
+    without = check_module.check(*_released_call("ex00_bytes"))
+    assert [r.passed for r in without.results] == passed
+    assert without == from_file and repr(without) == repr(from_file)
+
+
+def test_check_reads_the_file_where_the_kernel_finds_it(monkeypatch, nowhere):
+    """A notebook of the named exercise in the working folder is the one checked (here, one whose
+    visible test a learner edited: its hint shows), as in nbval and JupyterLab."""
+    nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
+    (test,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "fp16_ten_million"]
+    test.source = 'assert tensor_bytes(1, torch.float16) == 3, "edited in this copy"'
+    nbformat.write(nb, nowhere / "my copy of ex00.ipynb")
+    monkeypatch.setattr(check_module, "_shell", lambda: SimpleNamespace(user_ns={"torch": torch, "tensor_bytes": (
+        lambda numel, dtype: numel * torch.empty((), dtype=dtype).element_size())}))
+    score = check_module.check(*_released_call("ex00_bytes"))
+    assert {r.id: r.reason for r in score.results}["fp16_ten_million"] == "edited in this copy"
+    (nowhere / "my copy of ex00.ipynb").unlink()
+    assert all(r.passed for r in check_module.check(*_released_call("ex00_bytes")).results)
+
+
+@pytest.mark.parametrize("call, says", [
+    (("ex00_bytes", "000000000000"), ["another version of the course", "'000000000000'", "pip install", "restart"]),
+    (("ex99_from_the_future",), ["does not know exercise 'ex99_from_the_future'", "ex00_bytes", "pip install"]),
+    (("nonsense",), ["check('nonsense')", "ex00_bytes, ex01_bf16_rounding", ".ipynb"]),
+    ((), ["found no exercise notebook", 'check("ex00_bytes")', "ex11_stochastic_rounding"]),
+])
+def test_check_says_what_does_not_match_and_how_to_fix_it(monkeypatch, nowhere, call, says):
+    """A notebook of another version of the course than the package, a name the package does not
+    know, and a notebook that names no exercise where no file is found: one sentence each."""
+    monkeypatch.setattr(check_module, "_shell", lambda: SimpleNamespace(user_ns={"torch": torch}))
+    with pytest.raises(ValueError) as raised:
+        check_module.check(*call)
+    assert all(part in str(raised.value) for part in says), str(raised.value)
 
 
 
@@ -260,6 +359,29 @@ def test_check_gives_the_graders_verdict_test_by_test(graded, name):
     assert checked
     assert {i: p for i, p in checked if i in whole} == {i: graded_verdicts[i] for i, _ in checked if i in whole}
     assert all(graded_verdicts[i] is False for i, p in checked if i not in whole and not p)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "solutions").glob("ex*.ipynb")), ids=lambda p: p.stem)
+def test_every_solution_checks_to_full_marks_without_its_file(path):
+    """Each solution's cells run in a kernel whose working folder holds no notebook (the
+    sandbox's, as Colab's), then its own check() cell: every visible test passes, from the tests
+    the package ships."""
+    from mpcourse.grading.limits import Limits
+    from mpcourse.grading.sandbox import Sandbox
+    exercise = load_exercise(path)
+    (call,) = [c.source for c in nbformat.read(path, as_version=4).cells if is_check_cell(c)]
+    deadline = submission_budget(exercise, f"check() of {path.stem} without its file")
+    with Sandbox(Limits(), deadline) as worker:
+        for cell in exercise.code_cells:
+            worker.request({"op": "run_cell", "source": cell}, deadline)
+        worker.request({"op": "run_cell", "source": (
+            f"import glob\nNOTEBOOKS = glob.glob('*.ipynb')\n{call.replace('check(', 'SCORE = check(')}\n"
+            "CHECKED = [[r.id, r.passed, r.reason] for r in SCORE.results]")}, deadline)
+        notebooks, checked = (codec.decode(worker.request({"op": "value", "name": name}, deadline)["value"])
+                              for name in ("NOTEBOOKS", "CHECKED"))
+    assert notebooks == []
+    assert [test_id for test_id, _, _ in checked] == [t.id for t in checkable.shipped(path.stem).tests]
+    assert checked and all(passed for _, passed, _ in checked), checked
 
 
 def test_metadata_naming_another_exercise_is_reported_not_trusted(graded):

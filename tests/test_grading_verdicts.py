@@ -24,7 +24,8 @@ import torch
 from grading_budgets import backstop, program_backstop, submission_budget
 
 from mpcourse.grading import codec, grader, judge, watch
-from mpcourse.grading.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions, learner_cells, load_exercise
+from mpcourse.grading.exercise import (BEGIN_HIDDEN, END_HIDDEN, check_line, find_solutions, is_check_cell, learner_cells,
+                                       load_exercise)
 from mpcourse.grading.verdict import Quoted, quoted, run_test
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
@@ -49,7 +50,7 @@ TWINS = {
 }
 # honest variants of right answers: full marks
 HONEST = ["ex00_numpy_int", "ex05_numpy_and_namedtuple", "ex02_value_error_subclass", "ex04_helper_cells",
-          "ex00_quotes_check_line", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss", "ex01_correct",
+          "ex00_quotes_check_line", "ex00_answer_beside_check_call", "ex00_magics", "ex00_schema_invalid", "ex06_float64_loss", "ex01_correct",
           "ex02_breakdown_subclass", "ex00_split_test_cell", "ex06_correct", "ex06_divides_gradients"]
 
 
@@ -226,6 +227,33 @@ def test_a_cell_keeping_a_tests_metadata_but_holding_other_code_is_the_learners(
     nb.cells[1].source = "def helper():\n    return 2"
     nb.cells.append(nbformat.v4.new_code_cell("from mpcourse.grading import check; check()"))
     assert learner_cells(nb, exercise) == ["def helper():\n    return 2"]
+
+
+@pytest.mark.parametrize("source, dropped", [
+    ("from mpcourse.grading import check; check()", True),  # released before check() named its exercise
+    ('from mpcourse.grading import check; check("ex00_bytes")', True),
+    ('from mpcourse.grading import check; check("ex00_bytes", release="0123456789ab")', True),
+    ('from mpcourse.grading import check; check("ex00_bytes"); tensor_bytes = len', False),
+    ('from mpcourse.grading import check; check("ex00_bytes" + str(exec("tensor_bytes = len")))', False),
+    ('from mpcourse.grading import check; check("ex00_bytes", release=exec("tensor_bytes = len"))', False),
+    ('from mpcourse.grading import check; check("ex00_bytes")\ntensor_bytes = len', False),
+    ('tensor_bytes = len  # from mpcourse.grading import check; check("ex00_bytes")', False),
+])
+def test_only_the_check_cell_itself_is_dropped_so_no_code_hides_in_one(source, dropped):
+    """The grader drops a cell that is only the check() call, with literal arguments; a cell that
+    adds code of any kind beside it, or computes an argument, is the learner's and runs."""
+    exercise = EXERCISES["ex00"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    assert learner_cells(nb, exercise) == ([] if dropped else [source])
+
+
+def test_the_check_cell_release_writes_is_the_one_the_grader_drops():
+    line = check_line("ex01_bf16_rounding", "0123456789ab")
+    assert line == 'from mpcourse.grading import check; check("ex01_bf16_rounding", release="0123456789ab")'
+    assert is_check_cell(nbformat.v4.new_code_cell(line)) and is_check_cell(
+        nbformat.v4.new_code_cell(check_line("ex01_bf16_rounding")))
+    with pytest.raises(ValueError, match="'Ex01 rounding'"):
+        check_line("Ex01 rounding")
 
 
 def test_an_exception_decodes_to_its_nearest_builtin_type_never_runtime_error():

@@ -80,5 +80,6 @@ def test_lesson_points_to_an_existing_exercise(path):
 @pytest.mark.parametrize("path", SOLUTION_FILES, ids=lambda p: p.name)
 def test_solution_notebook_ends_with_the_self_check(path):
     cells = _code_cells(_read(path))
-    assert cells[-1].source.strip() == "from mpcourse.grading import check; check()"
+    assert cells[-1].source.strip() == f'from mpcourse.grading import check; check("{path.stem}")', \
+        f"{path.name}: the last cell names its exercise, so check() runs where the file is not at hand"
     assert any(c.metadata.get("nbgrader", {}).get("grade") for c in cells), f"{path.name} has no test cells"

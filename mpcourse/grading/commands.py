@@ -16,7 +16,7 @@ def _refuse(command: str, error) -> int:
 
 def _release(args: argparse.Namespace) -> int:
     from mpcourse.grading.release import release_all
-    for written in release_all(args.solutions, args.exercises):
+    for written in release_all(args.solutions, args.exercises, args.visible_tests):
         print(f"wrote {written}")
     return 0
 
@@ -115,6 +115,9 @@ def add_instructor_commands(commands) -> None:
     release = commands.add_parser("release", help="regenerate exercises/ from solutions/")
     release.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: %(default)s)")
     release.add_argument("--exercises", default="exercises", help="folder to write learner notebooks to (default: %(default)s)")
+    release.add_argument("--visible-tests", help="folder of the package's copy of the visible tests, which check() "
+                         "runs where the notebook's file is not at hand (default: mpcourse/grading/visible_tests "
+                         "beside the solutions folder, in the course's checkout)")
     release.set_defaults(handler=_release)
 
     grade = commands.add_parser(

@@ -72,13 +72,27 @@ def _same_code(a: str, b: str) -> bool:
     return lines(a) == lines(b)
 
 
-CHECK_LINE = "from mpcourse.grading import check; check()"
+#: An exercise's name, as `check()` takes it and release writes it into the check cell.
+EXERCISE_NAME = re.compile(r"ex\d\d_[a-z0-9_]+")
+#: The check() cell: `check()` (notebooks released before check() could run without the notebook's
+#: file), `check("ex01_bf16_rounding")` (a solution) or with the release's fingerprint (`check_line`).
+CHECK_CELL = re.compile(r'from mpcourse\.grading import check; check\((?:"ex\d\d_[a-z0-9_]+"'
+                        r'(?:, release="[0-9a-f]{12}")?)?\)')
+
+
+def check_line(exercise: str, release: str | None = None) -> str:
+    """The check() cell that names its exercise (and, released, the fingerprint of its tests)."""
+    if not EXERCISE_NAME.fullmatch(exercise):
+        raise ValueError(f"an exercise's name is exNN_<topic> in lower case, got {exercise!r}")
+    return (f'from mpcourse.grading import check; check("{exercise}"'
+            + (f', release="{release}")' if release is not None else ")"))
 
 
 def is_check_cell(cell) -> bool:
-    """The released notebook's own check() cell, exactly: a cell that quotes it, in a comment or
-    beside other code, is the learner's code and runs."""
-    return cell.cell_type == "code" and cell.source.strip() == CHECK_LINE
+    """The notebook's own check() cell, exactly: an import and one call whose arguments are a
+    name and a fingerprint in quotes, so it holds no code of the learner's. A cell that quotes it,
+    in a comment or beside other code, or calls it otherwise, is the learner's code and runs."""
+    return cell.cell_type == "code" and CHECK_CELL.fullmatch(cell.source.strip()) is not None
 
 
 def has_solution(cell) -> bool:

@@ -1,7 +1,10 @@
 """`mpcourse release`: write the learner's copy of every exercise from its solution.
 
 The learner's notebook is generated, never edited by hand, so it cannot drift from the
-solution: solution regions become a stub that raises, hidden tests disappear, outputs go.
+solution: solution regions become a stub that raises, hidden tests disappear, outputs go. Beside
+it, release writes what `check()` runs into the package (`checkable`: the visible tests, so that
+`check()` works where the notebook's file is not in the working folder, as in Colab and Kaggle),
+and names the exercise and that data's fingerprint in the check() cell.
 """
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, find_solutions, has_solution,
-                                       is_check_cell, is_test_cell, replace_regions, visible, without_markers)
+from mpcourse.grading.checkable import RELEASE_FOLDER, from_notebook
+from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, check_line, defined_names, find_solutions,
+                                       has_solution, is_check_cell, is_test_cell, replace_regions, visible,
+                                       without_markers)
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 
@@ -43,20 +48,32 @@ def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.Not
         cell.execution_count = None
     asked = solution.metadata.get("mpcourse", {}).get("write_yourself")
     nb.metadata["mpcourse"] = {"exercise": name, **found, **({"write_yourself": list(asked)} if asked else {})}
+    fingerprint = from_notebook(nb, name).fingerprint  # the check() cell is no setup: it does not count
+    for cell in nb.cells:
+        if is_check_cell(cell):
+            cell.source = check_line(name, fingerprint)
     return nb
 
 
-def release_all(solutions: str | Path = "solutions", exercises: str | Path = "exercises") -> list[Path]:
-    """Regenerate `exercises/` from `solutions/`; return the files written."""
+def release_all(solutions: str | Path = "solutions", exercises: str | Path = "exercises",
+                visible_tests: str | Path | None = None) -> list[Path]:
+    """Regenerate `exercises/` from `solutions/`, and the visible tests the package ships for
+    `check()` (`visible_tests/<exercise>.json`; by default into the package of the course whose
+    `solutions` they are, beside that folder); return the files written."""
     sources = find_solutions(solutions)
     if not sources:
         raise ValueError(f"no solution notebooks (ex*.ipynb) found in {solutions!r}")
-    out_dir = Path(exercises)
+    out_dir, data_dir = Path(exercises), Path(visible_tests or Path(solutions).resolve().parent / RELEASE_FOLDER)
+    if not data_dir.parent.is_dir():
+        raise ValueError(f"{data_dir.parent} is not the course's package that check()'s visible tests ship in: "
+                         "release from a course checkout's solutions/, or pass --visible-tests FOLDER")
     out_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for path in sources.values():
         nb = release_notebook(nbformat.read(path, as_version=4), path.stem)
-        target = out_dir / path.name
+        target, data = out_dir / path.name, data_dir / f"{path.stem}.json"
         target.write_text(nbformat.writes(nb) + "\n")
-        written.append(target)
+        data.write_text(from_notebook(nb, path.stem).to_json())
+        written += [target, data]
     return written

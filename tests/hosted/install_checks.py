@@ -12,9 +12,8 @@ the wheel with its requirements alone: every module importable, the CLI, and not
 JupyterLab or the test tools. (One environment serves both layouts, as installing torch takes
 minutes: between them mpcourse is uninstalled and the preinstalled versions are put back.)
 
-check() there (ex01's solution scores full marks, the released ex01 scores 0 with hints) waits
-for check() to work without the notebook's file: issue 35, point 1; those two tests are xfail
-until then, strictly, so that they fail once it lands and the mark must go.
+check() there runs without the notebook's file, from the visible tests the wheel ships: ex01's
+solution scores full marks, and the released ex01 scores 0 with a hint for every test.
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ import pytest
 
 import mpcourse
 from install import ROOT, bare_python, clean_env, run
+from mpcourse.grading.checkable import SHIPPED
 from mpcourse.hosted import SOURCE_VARIABLE
 
 LESSONS = ["notebooks/00_welcome.ipynb", "notebooks/06_training_lab.ipynb"]
@@ -41,8 +41,6 @@ MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffi
                  for p in (ROOT / "mpcourse").rglob("*.py"))
 #: What a hosted notebook's own Jupyter provides, and `make test` installs: never the wheel.
 NOT_RUNTIME = {"jupyterlab", "notebook", "jupyter-server", "nbval", "nbclient", "pytest", "hypothesis"}
-CHECK_NEEDS_THE_FILE = ("check() reads the exercise's tests from the notebook file, which Colab and Kaggle "
-                        "do not put in the working folder: issue 35, point 1 (tests shipped in the package)")
 
 
 def _packages(python, cwd) -> dict[str, str]:
@@ -107,6 +105,8 @@ def test_the_wheel_is_named_with_the_single_sourced_version_and_holds_every_modu
     missing = [m for m in MODULES if m.replace(".", "/") + ".py" not in names
                and m.replace(".", "/") + "/__init__.py" not in names]
     assert not missing, f"the wheel lacks {missing}"
+    shipped = sorted(p.relative_to(ROOT).as_posix() for p in SHIPPED.glob("*.json"))
+    assert shipped and not set(shipped) - names, f"the wheel lacks check()'s tests {sorted(set(shipped) - names)}"
 
 
 def test_the_build_prints_no_deprecation(built):
@@ -158,13 +158,11 @@ def test_a_session_that_loaded_the_old_widgets_is_told_to_restart(hosted, tmp_pa
     assert len(restart) == 1 and "ipywidgets 7.7.1 -> 8." in restart[0] and clicks in restart[0], restart
 
 
-@pytest.mark.xfail(strict=True, reason=CHECK_NEEDS_THE_FILE)
 def test_the_solved_exercise_checks_to_full_marks_without_its_file(hosted):
     table, score, out_of = _check_table(hosted["runs"][SOLVED])
     assert out_of > 0 and score == out_of and "FAIL" not in table, table
 
 
-@pytest.mark.xfail(strict=True, reason=CHECK_NEEDS_THE_FILE)
 def test_the_released_exercise_checks_to_zero_with_hints_without_its_file(hosted):
     table, score, out_of = _check_table(hosted["runs"][RELEASED])
     rows = [line for line in table.splitlines()[1:] if not line.startswith("total")]
