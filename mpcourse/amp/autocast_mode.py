@@ -1,7 +1,7 @@
 """Autocast from scratch: a per-op casting policy that makes the same choices as torch.autocast.
 
 `torch.autocast` does not convert a model. It intercepts each operation and looks the op up in a
-table (`mpcourse.autocast_policy`): matmul-like ops run in a lower-precision dtype, ops that lose
+table (`mpcourse.amp.autocast_policy`): matmul-like ops run in a lower-precision dtype, ops that lose
 accuracy in 16 bits run in float32, ops that combine tensors run in the widest dtype among them,
 and everything else runs in the dtype its inputs already have.
 
@@ -33,12 +33,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mpcourse.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
-                                      CATEGORY_PROMOTE, CHECKS_DTYPES_FIRST, RUNS_AS,
-                                      AutocastPolicy, OpExplanation, dispatched_as, explain_op,
-                                      policy_for, registered_ops)
-from mpcourse.performance import native_stderr_silenced
-from mpcourse.precision import short_name
+from mpcourse.amp.autocast_policy import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
+                                           CATEGORY_PROMOTE, CHECKS_DTYPES_FIRST, RUNS_AS, AutocastPolicy,
+                                           OpExplanation, dispatched_as, explain_op, policy_for,
+                                           registered_ops)
+from mpcourse.machine.performance import native_stderr_silenced
+from mpcourse.numbers.precision import short_name
 
 __all__ = ["autocast", "Trace", "OpRecord", "Cast", "profiled_casts", "call_path", "policy_for",
            "registered_ops", "explain_op", "dispatched_as", "AutocastPolicy", "OpExplanation",
@@ -352,7 +352,7 @@ class Call:
 def call_path(fn: Callable[[], object]) -> list[Call]:
     """Run `fn` and record each torch call at both ends of its path, in call order.
 
-    "python": what Python hands to `__torch_function__` modes (where `mpcourse.autocast` works);
+    "python": what Python hands to `__torch_function__` modes (where `mpcourse.amp.autocast_mode` works);
     "kernel": what the dispatcher hands on below its Autocast and Autograd keys (where a
     `TorchDispatchMode` works). Under `torch.autocast`, the casts show only at the kernel level.
     """

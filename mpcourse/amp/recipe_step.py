@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mpcourse import precision
-from mpcourse.master import MasterWeightOptimizer
+from mpcourse.numbers import precision
+from mpcourse.amp.master import MasterWeightOptimizer
 
 PARAM_DTYPES = (torch.float32, *precision.AUTOCAST_DTYPES.values())
 AUTOCAST_CHOICES = (None, *precision.AUTOCAST_DTYPES.values())

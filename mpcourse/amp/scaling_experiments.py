@@ -1,7 +1,7 @@
 """Experiments of lesson 05: the dynamic scaler's reaction to overflows, and two that lesson
 09's clinic stages again, written once for both.
 
-- `scale_trace`: the scale `mpcourse.scaling.GradScaler` uses in each iteration of a tiny run
+- `scale_trace`: the scale `mpcourse.amp.scaling.GradScaler` uses in each iteration of a tiny run
   whose gradients are made infinite on purpose, for lesson 05's picture of the scaler.
 - `clipped_step`: one loss-scaled step with gradient clipping, with `unscale_` before the clip
   (right) or after it (the mistake: the threshold is divided by the scale), or with no scaler at
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from mpcourse.scaling import GradScaler
+from mpcourse.amp.scaling import GradScaler
 
 
 def skipped_steps(scales: list[float], initial_scale: float = 2.0**16) -> list[int]:
@@ -46,7 +46,7 @@ class ScaleTrace:
 
 def scale_trace(steps: int = 40, overflow_steps: tuple[int, ...] = (6, 25),
                 init_scale: float = 2.0**10, growth_interval: int = 5) -> ScaleTrace:
-    """The scale `mpcourse.scaling.GradScaler` used in each of `steps` iterations of a tiny
+    """The scale `mpcourse.amp.scaling.GradScaler` used in each of `steps` iterations of a tiny
     SGD run whose gradient is made infinite at `overflow_steps` (counted from 0)."""
     bad = [s for s in overflow_steps if not 0 <= s < steps]
     if bad:

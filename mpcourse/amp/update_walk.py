@@ -5,8 +5,8 @@ an optimizer would with a constant gradient. The cures differ only in how each s
 
 - ``"nearest"``: rounded to nearest in the format: an update below half the gap is lost;
 - ``"master"``: accumulated in an FP32 master and rounded only for use (lesson 04);
-- ``"kahan"``: a 16-bit weight plus a 16-bit compensation (`mpcourse.kahan`);
-- ``"stochastic"``: stochastic rounding (`mpcourse.stochastic`): right on average.
+- ``"kahan"``: a 16-bit weight plus a 16-bit compensation (`mpcourse.optim.kahan`);
+- ``"stochastic"``: stochastic rounding (`mpcourse.optim.stochastic`): right on average.
 
 It runs `n` independent weights at once, so that the stochastic walk's mean and spread can be
 measured; the deterministic cures give `n` identical walks. `master_walk` keeps the three
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.formats import BF16, FloatFormat, round_to
-from mpcourse.kahan import compensated_add
+from mpcourse.numbers.formats import BF16, FloatFormat, round_to
+from mpcourse.optim.kahan import compensated_add
 
 CURES = ("nearest", "master", "kahan", "stochastic")
 

@@ -5,7 +5,7 @@
 import importlib
 
 __all__ = ["check", "watch"]
-_HOMES = {"check": "mpcourse.grading.selfcheck", "watch": "mpcourse.grading.states"}
+_HOMES = {"check": "mpcourse.grading.judging.selfcheck", "watch": "mpcourse.grading.judging.states"}
 
 
 def __getattr__(name):

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mpcourse.grading.atomic import write_atomically
-from mpcourse.grading.selfcheck import TestResult
+from mpcourse.grading.judging.selfcheck import TestResult
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")

@@ -29,15 +29,16 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading import judge
-from mpcourse.grading.exercise import Exercise, exercise_id, find_solutions, learner_cells, load_exercise
+from mpcourse.grading.judging import judge
+from mpcourse.grading.judging.exercise import (Exercise, exercise_id, find_solutions, learner_cells,
+                                                load_exercise)
 from mpcourse.grading.gradebook import SubmissionResult
-from mpcourse.grading.pool import OutOfTime, grade_in_processes
-from mpcourse.grading.isolation import USER, choose_isolation
-from mpcourse.grading.limits import WALL_FACTOR, Budget, Limits
-from mpcourse.grading.sandbox import RequestFailed, Sandbox, WorkerGone
-from mpcourse.grading.selfcheck import TestResult
-from mpcourse.grading.verdict import first_line
+from mpcourse.grading.sandbox.pool import OutOfTime, grade_in_processes
+from mpcourse.grading.sandbox.isolation import USER, choose_isolation
+from mpcourse.grading.sandbox.limits import WALL_FACTOR, Budget, Limits
+from mpcourse.grading.sandbox.sandbox import RequestFailed, Sandbox, WorkerGone
+from mpcourse.grading.judging.selfcheck import TestResult
+from mpcourse.grading.judging.verdict import first_line
 
 MAX_RESTARTS = 3
 CALIBRATION_SECONDS = 300.0  # CPU seconds for running a solution to plan its tests

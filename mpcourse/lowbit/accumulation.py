@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from mpcourse.formats import round_to
-from mpcourse.scaled_matmul import Accumulator
+from mpcourse.numbers.formats import round_to
+from mpcourse.lowbit.matmul import Accumulator
 
 
 def error_against_k(a: torch.Tensor, b: torch.Tensor, accumulator: Accumulator,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.formats import (FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP8_E8M0, FP32,
-                              FloatFormat, round_to)
+from mpcourse.numbers.formats import (FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP8_E8M0, FP32,
+                                       FloatFormat, round_to)
 
 #: How a block's scale is made from its amax: "amax" (amax / element.max, in FP32 or E4M3),
 #: "mx_floor" (the OCP MX v1.0 rule) and "mx_rceil" (E8M0 rounded up; torchao's RCEIL).

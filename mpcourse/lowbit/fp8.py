@@ -20,7 +20,7 @@ pass, output gradients to E5M2 in the backward pass, FP32 accumulation. Quantiza
 a GPU with FP8 tensor cores (compute capability 8.9 or newer) the layer calls
 `torch._scaled_mm` on real FP8 tensors instead. Those tensor cores do not sum in FP32: on
 Hopper they keep about 14 bits of the running sum (DeepSeek-V3 report), and cuBLAS promotes
-partial sums to FP32 at intervals unless `use_fast_accum=True`; `mpcourse.scaled_matmul`
+partial sums to FP32 at intervals unless `use_fast_accum=True`; `mpcourse.lowbit.matmul`
 emulates such an accumulator.
 """
 from __future__ import annotations
@@ -32,9 +32,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from mpcourse.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
-from mpcourse.models import replace_linears, sharing_parameters
-from mpcourse.train import RunConfig
+from mpcourse.numbers.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
+from mpcourse.lowbit.swap import replace_linears, sharing_parameters
 
 FP8_FORMATS = (FP8_E4M3, FP8_E5M2)
 BACKENDS = ("auto", "emulated", "scaled_mm")
@@ -281,48 +280,3 @@ def convert_to_fp8(model: nn.Module, *, skip: tuple[str, ...] = (), **kwargs) ->
     """Replace every `nn.Linear` in `model` (except those named in `skip`) by an `Fp8Linear`
     sharing its parameters; return the names replaced. Keyword arguments go to Fp8Linear."""
     return replace_linears(model, lambda linear: Fp8Linear.from_linear(linear, **kwargs), skip)
-
-
-@dataclass(frozen=True)
-class Fp8RunConfig(RunConfig):
-    """A lesson-06 run whose transformer blocks multiply in FP8 (`Fp8Linear`).
-
-    Parameters, LayerNorm, attention scores, the tied embedding/output layer and the loss
-    stay FP32 (`precision="fp32"`), as in Transformer Engine, where FP8 covers the linear
-    layers of the blocks. FP8 needs no loss scaling: each tensor's own scale sets its range.
-    It trains through `train.train`, like every run: `train(Fp8RunConfig(...))`.
-    """
-    recipe: str = "delayed"
-    history_len: int = 16
-    margin: int = 0
-    backend: str = "auto"
-
-    loss_scaling: str = "off"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.precision != "fp32":
-            raise ValueError(f"an FP8 run keeps its non-matmul math and parameters in fp32; "
-                             f"got precision={self.precision!r}")
-        if self.loss_scaling != "off":
-            raise ValueError(f"an FP8 run scales each tensor itself and takes no loss scaling; "
-                             f"got loss_scaling={self.loss_scaling!r}, use 'off'")
-        Fp8Linear(1, 1, recipe=self.recipe, history_len=self.history_len, margin=self.margin,
-                  backend=self.backend, device="meta")  # validates the FP8 switches
-
-    @property
-    def label(self) -> str:
-        return f"fp8 {self.recipe}-scaling"
-
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        """The blocks' linear layers become `Fp8Linear`; the tied output layer stays FP32."""
-        convert_to_fp8(model, skip=("head",), recipe=self.recipe, history_len=self.history_len,
-                       margin=self.margin, backend=self.backend)
-        return model
-
-    def accelerated(self, device: torch.device, support) -> bool:
-        return _fp8_accelerated(device)
-
-
-def _fp8_accelerated(device: torch.device) -> bool:
-    return device.type == "cuda" and tuple(torch.cuda.get_device_capability(device)) >= FP8_MIN_CAPABILITY

@@ -5,7 +5,7 @@ A low-precision GEMM multiplies the small elements exactly (an FP8 x FP8 product
 keeps matters once K is large: DeepSeek-V3 reports that Hopper's FP8 tensor cores keep about
 14, which costs up to ~2% relative error at K = 4096, and that promoting the partial sum to an
 FP32 accumulator every 128 elements cures it. `Accumulator` describes such an accumulator and
-`scaled_matmul(a, b, accumulator)` computes a @ b.T with it; `mpcourse.torch_scaled_mm` runs
+`scaled_matmul(a, b, accumulator)` computes a @ b.T with it; `mpcourse.lowbit.torch_mm` runs
 the same product through torch's real scaled GEMMs for comparison.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.blockscale import Quantized
-from mpcourse.formats import FloatFormat, round_to
+from mpcourse.lowbit.blockscale import Quantized
+from mpcourse.numbers.formats import FloatFormat, round_to
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mpcourse.blockscale import BlockScaling, quantize
+from mpcourse.lowbit.blockscale import BlockScaling, quantize
 
 #: A value counts as clipped when it passes element.max by more than this relative margin: with an
 #: FP32 scale amax / element.max, the amax divided by its scale may round a hair above element.max

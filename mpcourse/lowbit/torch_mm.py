@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mpcourse.blockscale import Quantized
-from mpcourse.formats import FP4_E2M1, FP8_E4M3, FP8_E5M2
+from mpcourse.lowbit.blockscale import Quantized
+from mpcourse.numbers.formats import FP4_E2M1, FP8_E4M3, FP8_E5M2
 
 _ELEMENT_DTYPES = {FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2}
 #: E2M1's magnitudes in code order: code i (0 to 7) is _FP4_MAGNITUDES[i], bit 3 the sign.

@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mpcourse.performance import A100_SXM, H100_SXM, TERA, Device
-from mpcourse.precision import PRECISIONS, PrecisionSupport
+from mpcourse.machine.performance import A100_SXM, H100_SXM, TERA, Device
+from mpcourse.numbers.precision import PRECISIONS, PrecisionSupport
 
 GB = 10**9
 
@@ -54,7 +54,7 @@ def _device(name: str, bandwidth_gb_s: float, **tflops: float) -> Device:
 #: 18.7 on CUDA cores, 732 GB/s, 16 GB); L4 datasheet (FP32 30.3; TF32 120, FP16/BF16 242, FP8
 #: 485 with sparsity; 300 GB/s, 24 GB); A10 datasheet (FP32 31.2; TF32 62.5, BF16/FP16 125;
 #: 600 GB/s, 24 GB; AWS's A10G shares its memory, its tensor rates are somewhat lower); A100 and
-#: H100 in mpcourse.performance; GeForce RTX 3090 (Ampere GA102 whitepaper: FP32 35.6, TF32 35.6,
+#: H100 in mpcourse.machine.performance; GeForce RTX 3090 (Ampere GA102 whitepaper: FP32 35.6, TF32 35.6,
 #: FP16/BF16 tensor with FP32 accumulate 71, 936 GB/s, 24 GB) and RTX 4090 (Ada whitepaper: FP32
 #: 82.6, TF32 82.6, FP16/BF16 with FP32 accumulate 165.2, FP8 with FP32 accumulate 330.3,
 #: 1,008 GB/s, 24 GB). GeForce cards run FP32 accumulation at half their FP16-accumulate rate.
@@ -103,7 +103,7 @@ def precisions(capability: tuple[int, int], gpu: GpuClass | None = None) -> dict
         tensor = {"fp16": capability >= (7, 0), "tf32": capability >= (8, 0), "bf16": capability >= (8, 0),
                   "fp8": capability >= (8, 9)}
         fast = dict(tensor, fp32=True)
-        rate = {p: f"by compute capability {sm} (not in mpcourse.gpus's table)" for p in tensor}
+        rate = {p: f"by compute capability {sm} (not in mpcourse.machine.gpus's table)" for p in tensor}
     else:
         peaks = gpu.device.peak_flops
         fast = {p: gpu.accelerated(p) for p in PRECISIONS}
@@ -132,7 +132,7 @@ def describe(gpu: GpuClass | None, capability: tuple[int, int], memory_bytes: in
     """Two lines for `mpcourse doctor`: the GPU's class and what its tensor cores run."""
     memory = f"{memory_bytes / GB:.0f} GB" if memory_bytes else "memory unknown"
     if gpu is None:
-        return (f"GPU class    not in mpcourse.gpus's table: judged by compute capability "
+        return (f"GPU class    not in mpcourse.machine.gpus's table: judged by compute capability "
                 f"sm_{capability[0]}{capability[1]} alone; {memory}")
     fast = [p for p in PRECISIONS if p != "fp32" and gpu.accelerated(p)]
     return (f"GPU class    {gpu.name}: {gpu.architecture}, {gpu.sm}, {memory} at "

@@ -19,9 +19,9 @@ from functools import lru_cache
 
 import torch
 
-from mpcourse import cpu_profiles, gpus
+from mpcourse.machine import cpu_profiles, gpus
 from mpcourse.course import LESSONS, Lesson
-from mpcourse.precision import AUTOCAST_DTYPES, PRECISIONS, PrecisionSupport, autocast_dtype
+from mpcourse.numbers.precision import AUTOCAST_DTYPES, PRECISIONS, PrecisionSupport, autocast_dtype
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def report() -> HardwareReport:
 
 def cuda_precisions(cc: tuple[int, int], device_name: str = "") -> dict[str, PrecisionSupport]:
     """What an NVIDIA GPU of compute capability `cc` (named `device_name` by torch) supports and
-    accelerates: `mpcourse.gpus` knows the classes learners meet (a T4 only emulates bf16)."""
+    accelerates: `mpcourse.machine.gpus` knows the classes learners meet (a T4 only emulates bf16)."""
     return gpus.precisions(cc, gpus.identify(device_name))
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from mpcourse.precision import dtype_name
+from mpcourse.numbers.precision import dtype_name
 
 
 @dataclass(frozen=True)

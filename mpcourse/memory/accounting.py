@@ -17,7 +17,7 @@ Optimizer state is FP32 in every layout. Sizes are in bytes; ``.mb`` is decimal 
 ``.mib`` binary (2**20 bytes).
 
 `training_memory` is the worked accounting, `transformer_memory` an estimate from a transformer's
-architecture. `mpcourse.memory_measure` measures a live process to keep both honest, and
+architecture. `mpcourse.memory.measure` measures a live process to keep both honest, and
 `mpcourse.views.memory` draws the layouts side by side.
 """
 from __future__ import annotations

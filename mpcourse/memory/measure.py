@@ -1,6 +1,6 @@
-"""Training memory measured on the running process, to keep `mpcourse.memory`'s accounting honest.
+"""Training memory measured on the running process, to keep `mpcourse.memory.accounting`'s accounting honest.
 
-`mpcourse.memory` counts bytes from first principles. This module watches a real forward and
+`mpcourse.memory.accounting` counts bytes from first principles. This module watches a real forward and
 backward pass instead:
 
 - `measure_saved_activations` lists every tensor autograd keeps for backward, each storage once,
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from mpcourse.memory import MB, _choice, _count
+from mpcourse.memory.accounting import MB, _choice, _count
 
 __all__ = ["SavedStorage", "SavedActivations", "measure_saved_activations", "PeakMemory",
            "measure_peak_memory", "find_largest_batch"]

@@ -1,6 +1,6 @@
 """The peak of every tensor byte alive during a call, op by op: an optimizer step's transients.
 
-Lesson 02's CPU accounting (`mpcourse.memory_measure.measure_peak_memory`) adds up the tensors a
+Lesson 02's CPU accounting (`mpcourse.memory.measure.measure_peak_memory`) adds up the tensors a
 training step keeps: parameters, gradients, optimizer state, tensors saved for backward. An
 optimizer's `step()` also makes temporaries: FP32 copies of 16-bit weights and gradients,
 decoded moments, the update itself. They never show in the optimizer's state, but they are

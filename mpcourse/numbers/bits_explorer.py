@@ -13,8 +13,8 @@ import re
 
 import ipywidgets as widgets
 
-from mpcourse.formats import FORMATS, FloatFormat
-from mpcourse.inspect_value import ValueExplanation, explain_value
+from mpcourse.numbers.formats import FORMATS, FloatFormat
+from mpcourse.numbers.inspect_value import ValueExplanation, explain_value
 
 EXAMPLES = "0.1, 1e-8, 70000, 2**-24, inf or nan"
 _POWER = re.compile(r"^([+-]?)\s*(\d+(?:\.\d*)?)\s*\*\*\s*([+-]?\d+)$")

@@ -6,9 +6,9 @@ differently: the widths, the exponent bias, whether there is a sign, a zero, inf
 where NaN lives. From those follow the largest finite value, the smallest normal and subnormal
 values, machine epsilon.
 
-`round_to(x, fmt)` (from `mpcourse.rounding`) rounds a float32 tensor to the nearest value
+`round_to(x, fmt)` (from `mpcourse.numbers.rounding`) rounds a float32 tensor to the nearest value
 `fmt` can hold, with integer operations on the float32 bit patterns, the way conversion
-hardware does it. `mpcourse.inspect_value` looks at one value: its bits, its neighbours, the
+hardware does it. `mpcourse.numbers.inspect_value` looks at one value: its bits, its neighbours, the
 grid around it.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mpcourse.rounding import ROUNDING_MODES, round_to
+from mpcourse.numbers.rounding import ROUNDING_MODES, round_to
 
 __all__ = ["FloatFormat", "round_to", "ROUNDING_MODES", "OVERFLOW_MODES", "NAN_ENCODINGS",
            "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ",

@@ -1,6 +1,6 @@
 """One value in one format, taken apart: its bits, its neighbours, the grid it sits on.
 
-`mpcourse.formats` says what a format is and `round_to` stores a tensor in it; these tools
+`mpcourse.numbers.formats` says what a format is and `round_to` stores a tensor in it; these tools
 look at the result one number at a time, the way lesson 01 does. `bits` and `from_bits` go
 between a value and its sign, exponent and mantissa fields; `neighbours` gives the
 representable values on either side, `grid` every value of a range; `explain_value` puts it
@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from mpcourse.formats import FloatFormat, round_to
+from mpcourse.numbers.formats import FloatFormat, round_to
 
 __all__ = ["Bits", "bits", "from_bits", "neighbours", "grid", "ValueExplanation", "explain_value"]
 

@@ -3,7 +3,7 @@
 `round_to(x, fmt)` is what a conversion unit does: take each float32 pattern, add an increment
 to the bits that will be dropped, let a carry ripple into the kept bits, clear the dropped bits.
 It never calls torch's casts; the tests use those casts (and the `ml_dtypes` package) as the
-oracle and require equality bit for bit. `mpcourse.formats` describes the formats and re-exports
+oracle and require equality bit for bit. `mpcourse.numbers.formats` describes the formats and re-exports
 `round_to`.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ _CPU_CHUNK = 1 << 17  # 512 KiB of int32: fits in L2; measured fastest on an idl
 class Grid(Protocol):
     """What rounding needs to know of a format: its grid of values and what happens off it.
 
-    `mpcourse.formats.FloatFormat` is one; rounding depends on this shape only, so formats
+    `mpcourse.numbers.formats.FloatFormat` is one; rounding depends on this shape only, so formats
     builds on rounding and never the other way round.
     """
     mantissa_bits: int

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from mpcourse.stochastic import LowPrecisionWeightOptimizer
+from mpcourse.optim.stochastic import LowPrecisionWeightOptimizer
 
 
 def compensated_add(weight: torch.Tensor, compensation: torch.Tensor,

@@ -12,7 +12,7 @@ and frees it. That is 2 + 4 + 12 = 18 bytes, and what a run with gradient accumu
 micro-batches wants, since many 16-bit additions would lose the small ones. Clip the gradients
 of `master_parameters()`.
 
-(`mpcourse.master.MasterWeightOptimizer`, lesson 04's teaching version, keeps both the 16-bit
+(`mpcourse.amp.master.MasterWeightOptimizer`, lesson 04's teaching version, keeps both the 16-bit
 gradient and an FP32 copy made in backward: 20 bytes.)
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mpcourse.stochastic import LowPrecisionWeightOptimizer
+from mpcourse.optim.stochastic import LowPrecisionWeightOptimizer
 
 
 class FP32MasterOptimizer(LowPrecisionWeightOptimizer):

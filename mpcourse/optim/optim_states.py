@@ -8,7 +8,7 @@ smaller (`STATE_FORMATS`: the code of each moment):
 - ``"bf16"``: each moment rounded to BF16 after every update (DeepSeek-V3 keeps AdamW's moments
   so): 4 bytes per parameter.
 - 8 bits per value with one FP32 scale per block of `block_size` values
-  (`mpcourse.codebooks`), about 2 bytes per parameter:
+  (`mpcourse.optim.codebooks`), about 2 bytes per parameter:
   ``"e4m3"`` (both moments in FP8 E4M3: torchao's `AdamWFp8`), ``"dynamic"`` (the dynamic
   tree code, signed for m and unsigned for v: bitsandbytes' `AdamW8bit` and torchao's
   `AdamW8bit`), ``"e4m3+e5m2"`` (E4M3 for m, E5M2's wider range for v).
@@ -17,7 +17,7 @@ Like bitsandbytes and torchao, an 8-bit format quantizes only tensors of at leas
 `min_8bit_size` values (4,096 in both libraries) whose size divides by `block_size`; the others
 keep their moments unquantized, in the parameter's dtype, as torchao does (bitsandbytes keeps
 them in FP32), or in `unquantized_dtype` if given: an optimizer that sees FP32 copies of BF16
-weights (`mpcourse.stochastic`) passes torch.bfloat16 to store what torchao would.
+weights (`mpcourse.optim.stochastic`) passes torch.bfloat16 to store what torchao would.
 `min_8bit_size=0` quantizes every tensor, padding a last, shorter block.
 
 Every step decodes the moments to FP32, updates them and the weight in FP32, and encodes the
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from mpcourse.codebooks import dequantize_blockwise, quantize_blockwise, storage_dtype
+from mpcourse.optim.codebooks import dequantize_blockwise, quantize_blockwise, storage_dtype
 
 #: For each format, how the first and the second moment are stored.
 STATE_FORMATS = {"fp32": ("fp32", "fp32"), "bf16": ("bf16", "bf16"), "e4m3": ("e4m3", "e4m3"),

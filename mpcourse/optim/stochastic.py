@@ -13,7 +13,7 @@ given it is deterministic, which is how the tests compare it with an independent
 the inner optimizer an FP32 copy of every weight that exists only during `step()`, then writes
 the result back to 16 bits. How it writes back is the subclass's choice:
 `StochasticRoundingOptimizer` rounds stochastically (torchao's `bf16_stochastic_round=True`),
-`mpcourse.kahan.KahanOptimizer` keeps a compensation buffer.
+`mpcourse.optim.kahan.KahanOptimizer` keeps a compensation buffer.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import torch
 
-from mpcourse.formats import BF16, FP16, FloatFormat, round_to
+from mpcourse.numbers.formats import BF16, FP16, FloatFormat, round_to
 
 FORMAT_OF_DTYPE = {torch.bfloat16: BF16, torch.float16: FP16}
 

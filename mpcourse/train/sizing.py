@@ -8,7 +8,7 @@ matmuls to dominate shows the real speed-up where the hardware has one, and take
 
 - a CUDA GPU: GPT-2 small's shape, `LESSON_CUDA_CONFIG`, with the batch cut to what fits the
   GPU's memory (`memory.largest_batch`) and the steps to what fits `GPU_RUN_SECONDS` per run,
-  predicted from the model's FLOPs and the GPU class's datasheet peak (`mpcourse.gpus`, the
+  predicted from the model's FLOPs and the GPU class's datasheet peak (`mpcourse.machine.gpus`, the
   roofline of lesson 00); it compares fp32 with the 16-bit formats that have tensor cores there
   (on a T4: fp16 with a loss scaler, and not bf16, which a T4 only emulates);
 - a CPU on which a bf16 or fp16 matmul ran at least `hardware.FAST_SPEEDUP` times as fast as
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse import gpus, hardware
-from mpcourse.memory import largest_batch
-from mpcourse.models import GPT
-from mpcourse.precision import AUTOCAST_DTYPES, PrecisionSupport
-from mpcourse.train import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
-                            RunConfig)
+from mpcourse.machine import gpus, hardware
+from mpcourse.memory.accounting import largest_batch
+from mpcourse.train.models import GPT
+from mpcourse.numbers.precision import AUTOCAST_DTYPES, PrecisionSupport
+from mpcourse.train.config import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
+                                   RunConfig)
 
 SIXTEEN_BIT = tuple(AUTOCAST_DTYPES)
 #: One precision's run in lesson 06 on a GPU should take about this long (the slowest, fp32).

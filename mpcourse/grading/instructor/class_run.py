@@ -7,13 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from mpcourse.grading import cgroup, judge
-from mpcourse.grading.exercise import exercise_id
+from mpcourse.grading.sandbox import cgroup
+from mpcourse.grading.judging import judge
+from mpcourse.grading.judging.exercise import exercise_id
 from mpcourse.grading.gradebook import format_result, format_summary, not_graded_report, write_gradebook
 from mpcourse.grading.grader import (UNSAFE_NOTE, Options, default_solutions, grade_paths, load_exercises,
                                      plan_exercises)
-from mpcourse.grading.progress import Progress, json_line
-from mpcourse.grading.isolation import choose_isolation
+from mpcourse.grading.instructor.progress import Progress, json_line
+from mpcourse.grading.sandbox.isolation import choose_isolation
 
 NOT_GRADED = 3  # the exit status when some submission could not be graded
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpcourse.grading.atomic import write_atomically
-from mpcourse.grading.exercise import exercise_id
+from mpcourse.grading.judging.exercise import exercise_id
 from mpcourse.grading.platforms.lms import LEARNERS_FILE
 
 SYSTEMS = ("canvas", "moodle")

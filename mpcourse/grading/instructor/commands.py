@@ -9,14 +9,14 @@ import sys
 
 
 def _release(args: argparse.Namespace) -> int:
-    from mpcourse.grading.release import release_all
+    from mpcourse.grading.judging.release import release_all
     for written in release_all(args.solutions, args.exercises):
         print(f"wrote {written}")
     return 0
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from mpcourse.grading.class_run import grade_command
+    from mpcourse.grading.instructor.class_run import grade_command
     from mpcourse.grading.platforms.lms import parse_systems, write_lms_gradebook
     try:
         systems = parse_systems(args.lms)
@@ -51,8 +51,8 @@ def _gradebook(args: argparse.Namespace) -> int:
 
 def _collect(args: argparse.Namespace) -> int:
     """`mpcourse collect`: an LMS's bulk download laid out as submissions/<learner>/<exercise>.ipynb."""
-    from mpcourse.grading.collect import collect
-    from mpcourse.grading.exercise import find_solutions
+    from mpcourse.grading.instructor.collect import collect
+    from mpcourse.grading.judging.exercise import find_solutions
     from mpcourse.grading.grader import default_solutions
     try:
         names = [path.stem for path in find_solutions(args.solutions or default_solutions()).values()]
@@ -69,7 +69,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _feedback(args: argparse.Namespace) -> int:
-    from mpcourse.grading.feedback import write_feedback
+    from mpcourse.grading.instructor.feedback import write_feedback
     from mpcourse.grading.grader import default_solutions
     try:
         pages = write_feedback(args.gradebook, args.solutions or default_solutions(), args.out)
@@ -81,7 +81,7 @@ def _feedback(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from mpcourse.grading.report import write_report
+    from mpcourse.grading.instructor.report import write_report
     try:
         print(f"wrote {write_report(args.gradebook, args.out)}")
     except (ValueError, OSError) as error:

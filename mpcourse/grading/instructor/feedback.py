@@ -19,10 +19,10 @@ from pathlib import Path
 import nbformat
 
 from mpcourse.grading.atomic import write_atomically
-from mpcourse.grading.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions
+from mpcourse.grading.judging.exercise import BEGIN_HIDDEN, END_HIDDEN, find_solutions
 from mpcourse.grading.gradebook import SubmissionResult, read_gradebook
 from mpcourse.grading.platforms.lms import learner_of
-from mpcourse.grading.selfcheck import TestResult
+from mpcourse.grading.judging.selfcheck import TestResult
 
 WITHHELD = "(reason withheld: it quoted a hidden test)"
 STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1b1b1b}

@@ -25,9 +25,9 @@ import threading
 import types
 from dataclasses import dataclass, field
 
-from mpcourse.grading import codec, states
-from mpcourse.grading.sandbox import RequestFailed
-from mpcourse.grading.verdict import NoAnswer, bounded, run_test
+from mpcourse.grading.judging import codec, states
+from mpcourse.grading.sandbox.sandbox import RequestFailed
+from mpcourse.grading.judging.verdict import NoAnswer, bounded, run_test
 
 
 class SandboxFailure(NoAnswer):
@@ -47,7 +47,7 @@ class Plan:
 def calibrate(exercise, budget, limits, sandboxed: bool = True) -> Plan:
     """Grade the instructor's solution like a submission (its cells in a sandbox: a solutions
     folder is data too, the tests here) and report every test it fails."""
-    from mpcourse.grading.sandbox import Sandbox
+    from mpcourse.grading.sandbox.sandbox import Sandbox
     plan = Plan()
     with Sandbox(limits, budget, sandboxed=sandboxed, trusted=not sandboxed) as worker:
         def request(message):
@@ -153,7 +153,7 @@ def evidence_notes(proxies: dict) -> list[str]:
 def local_call(namespace: dict):
     """`check()`'s side of the wall: the kernel's namespace serves the requests the sandbox
     serves, through the same JSON."""
-    from mpcourse.grading.worker import Answers
+    from mpcourse.grading.sandbox.worker import Answers
     answers = Answers(namespace)
 
     def call(message):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, find_solutions, has_solution,
-                                       is_check_cell, is_test_cell, replace_regions, visible, without_markers)
+from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, defined_names, find_solutions,
+                                                has_solution, is_check_cell, is_test_cell, replace_regions,
+                                                visible, without_markers)
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import nbformat
 
-from mpcourse.grading import judge
-from mpcourse.grading.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names, has_code, has_solution,
-                                       is_test_cell, visible, without_markers)
-from mpcourse.grading.release import STUB, check_metadata
-from mpcourse.grading.stubs import write_yourself
+from mpcourse.grading.judging import judge
+from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names, has_code,
+                                                has_solution, is_test_cell, visible, without_markers)
+from mpcourse.grading.judging.release import STUB, check_metadata
+from mpcourse.grading.judging.stubs import write_yourself
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 
 codec = sys.modules.get("_mpcourse_grading_codec")  # the worker's own, loaded by path (worker._load)
 if codec is None:
-    from mpcourse.grading import codec
+    from mpcourse.grading.judging import codec
 
 
 # ---- objects a test hands the learner's function, and their state after the call ----

@@ -2,7 +2,7 @@
 
 An exercise names, in its solution's metadata (`"mpcourse": {"write_yourself": [...]}`), the
 library objects it asks the learner to write, as `"module:qualified.name"` (e.g.
-`"mpcourse.memory:tensor_bytes"`). Before any code of the learner runs, the sandboxed worker
+`"mpcourse.memory.accounting:tensor_bytes"`). Before any code of the learner runs, the sandboxed worker
 (and `check()`) calls `write_yourself(targets)`: each function's code object is swapped for one
 that raises `NotImplementedError("this exercise asks you to write ... yourself")`. The swap is on
 the function object itself, so every alias, `getattr`, `from ... import` and library function
@@ -26,7 +26,7 @@ import types
 MESSAGE = "this exercise asks you to write {name} yourself"
 FOR_THE_LEARNER = " for the learner"
 #: The `mpcourse` package's folder: calls from files in it are the library's own.
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 #: How `verdict.run_test` names a test's code: a test computing its expected value may call it.
 TEST_FILE = "<test"
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
-from mpcourse.grading.exercise import has_code, is_check_cell, is_test_cell, visible
+from mpcourse.grading.judging.exercise import has_code, is_check_cell, is_test_cell, visible
 
 WORKFLOW_NAME, JOB = "Autograding Tests", "run-autograding-tests"  # the names Classroom looks for
 COMMAND_GRADER = "classroom-resources/autograding-command-grader@v1"
@@ -146,7 +146,7 @@ def run_visible_tests(notebook: Path) -> dict[str, dict]:
     """Run the learner's code cells in an IPython shell, then `check()`: {test id: {passed, reason}}."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from mpcourse.grading.selfcheck import check
+    from mpcourse.grading.judging.selfcheck import check
     shell = InteractiveShell.instance()
     for cell in nbformat.read(notebook, as_version=4).cells:
         if cell.cell_type == "code" and not is_test_cell(cell) and not is_check_cell(cell):

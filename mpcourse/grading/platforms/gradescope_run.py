@@ -26,11 +26,11 @@ import time
 import traceback
 from pathlib import Path
 
-from mpcourse.grading.exercise import exercise_id
+from mpcourse.grading.judging.exercise import exercise_id
 from mpcourse.grading.gradebook import format_result
 from mpcourse.grading.grader import Options, grade_paths, load_exercises, plan_exercises
 from mpcourse.grading.platforms.gradescope_results import Expected, results_json, write_results
-from mpcourse.grading.isolation import USER, choose_isolation, unreachable_by_others
+from mpcourse.grading.sandbox.isolation import USER, choose_isolation, unreachable_by_others
 
 CONFIG = "mpcourse-autograder.json"
 MAX_UPLOAD_BYTES = 64 << 20  # larger notebooks are cut here; the grader refuses them anyway

@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 
 import mpcourse
-from mpcourse.grading.exercise import BEGIN_HIDDEN, is_test_cell
+from mpcourse.grading.judging.exercise import BEGIN_HIDDEN, is_test_cell
 from mpcourse.grading.grader import load_exercises
 from mpcourse.grading.platforms.gradescope_results import HIDDEN_CHOICES
 from mpcourse.grading.platforms.gradescope_run import DEFAULT_TOTAL_SECONDS

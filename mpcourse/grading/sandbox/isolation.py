@@ -48,9 +48,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpcourse.grading import landlock, seccomp
-from mpcourse.grading.cgroup import Cgroup
-from mpcourse.grading.limits import Limits, kernel_environment
+from mpcourse.grading.sandbox import landlock, seccomp
+from mpcourse.grading.sandbox.cgroup import Cgroup
+from mpcourse.grading.sandbox.limits import Limits, kernel_environment
 
 FIRST_UID = 1_000_000_000  # sandbox uids: far above any real user's, below 2**31
 _sandbox_numbers = itertools.count()

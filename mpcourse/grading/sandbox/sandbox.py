@@ -24,11 +24,12 @@ import threading
 import time
 from pathlib import Path
 
-from mpcourse.grading import landlock, seccomp
-from mpcourse.grading.cgroup import Cgroup
-from mpcourse.grading.isolation import (BUBBLEWRAP, NONE, UNSHARE, USER, bwrap_command, choose_isolation,
-                                        landlock_rules, sandbox_uid, unshare_allowed)
-from mpcourse.grading.limits import Budget, Limits, POLL, as_budget, kernel_environment
+from mpcourse.grading.sandbox import landlock, seccomp
+from mpcourse.grading.sandbox.cgroup import Cgroup
+from mpcourse.grading.sandbox.isolation import (BUBBLEWRAP, NONE, UNSHARE, USER, bwrap_command,
+                                                 choose_isolation, landlock_rules, sandbox_uid,
+                                                 unshare_allowed)
+from mpcourse.grading.sandbox.limits import Budget, Limits, POLL, as_budget, kernel_environment
 
 WORKER = Path(__file__).with_name("worker.py")
 

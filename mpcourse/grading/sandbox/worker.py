@@ -1,6 +1,6 @@
 """The process that runs a submission's code, inside the sandbox, and answers the grader's requests.
 
-Started by `mpcourse.grading.sandbox` as `python -I worker.py LIMITS`. It reads one JSON request
+Started by `mpcourse.grading.sandbox.sandbox` as `python -I worker.py LIMITS`. It reads one JSON request
 per line on stdin and writes one JSON reply per line on its original stdout; the learner's own
 output goes to stderr, which the grader counts and discards. Before any learner code runs it
 sets its resource limits and, started as root, becomes an unprivileged user.
@@ -26,17 +26,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-def _load(name):
-    """A sibling module by path: this process must not import mpcourse (and its dependencies)."""
-    spec = importlib.util.spec_from_file_location(f"_mpcourse_grading_{name}", Path(__file__).with_name(f"{name}.py"))
+def _load(package, name):
+    """A module of grading's `package` by path: this process must not import mpcourse (and its
+    dependencies)."""
+    path = Path(__file__).parent.parent / package / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_mpcourse_grading_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # where a sibling finds it (`states` takes this `codec`)
     spec.loader.exec_module(module)
     return module
 
 
-codec, states, verdict, stubs = _load("codec"), _load("states"), _load("verdict"), _load("stubs")
-seccomp, landlock = _load("seccomp"), _load("landlock")
+codec, states = _load("judging", "codec"), _load("judging", "states")
+verdict, stubs = _load("judging", "verdict"), _load("judging", "stubs")
+seccomp, landlock = _load("sandbox", "seccomp"), _load("sandbox", "landlock")
 dumps, loads = json.dumps, json.loads  # taken before any learner code can replace them
 
 

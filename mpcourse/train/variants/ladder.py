@@ -17,15 +17,15 @@ BF16 weights + stochastic rounding (torchao)     2       2     -       -      2 
 ===============================================  ======  ====  ======  =====  =======  =====
 
 (* the FP32 accumulator replaces the BF16 gradient, freed as soon as it is added in.) The 8-bit
-rungs follow torchao's policy (`mpcourse.optim_states`): tensors under 4,096 values keep BF16
+rungs follow torchao's policy (`mpcourse.optim.optim_states`): tensors under 4,096 values keep BF16
 moments, so their bytes depend on the model's tensor sizes, and each quantized block of 256
 values adds two FP32 scales. `NO_CURE` (BF16 weights rounded to nearest, BF16 moments) costs
 what the stochastic rung costs and shows what the cures are for: its small updates vanish.
 
 A step needs more than it keeps: `step_peak` predicts the FP32 temporaries of `step()` too
-(counted from the code; `mpcourse.step_memory` measures them), and `bytes_per_rank` divides the kept bytes over W ranks
+(counted from the code; `mpcourse.memory.step_peak` measures them), and `bytes_per_rank` divides the kept bytes over W ranks
 as ZeRO-1 and FSDP do, with lesson 08's shard sizes. Each rung is a `LadderRunConfig` for the one
-training loop (`train.train`); `mpcourse.ladder_measure` measures it.
+training loop (`train.train`); `mpcourse.train.variants.ladder_measure` measures it.
 """
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 import torch
 
 from mpcourse.distributed.costs import memory_per_rank
-from mpcourse.kahan import KahanOptimizer
-from mpcourse.master_layouts import FP32MasterOptimizer
-from mpcourse.models import GPT
-from mpcourse.optim_states import MIN_8BIT_SIZE, AdamW, is_8bit, quantizes
-from mpcourse.stochastic import StochasticRoundingOptimizer
-from mpcourse.train import RunConfig
+from mpcourse.optim.kahan import KahanOptimizer
+from mpcourse.optim.master_layouts import FP32MasterOptimizer
+from mpcourse.train.models import GPT
+from mpcourse.optim.optim_states import MIN_8BIT_SIZE, AdamW, is_8bit, quantizes
+from mpcourse.optim.stochastic import StochasticRoundingOptimizer
+from mpcourse.train.config import RunConfig
 
 WEIGHT_UPDATES = ("fp32", "master", "master_fp32_grads", "nearest", "kahan", "stochastic")
 PLAIN_STATE_BYTES = {"fp32": 4, "bf16": 2}
@@ -67,7 +67,7 @@ class Rung:
     gradients, FP32 masters); "master_fp32_grads" (the same with FP32 gradient accumulators);
     or how an update reaches BF16 weights without a master: "nearest" (rounded to nearest: the
     update may vanish), "kahan" (with a BF16 compensation), "stochastic" (stochastic rounding).
-    `state_format`: the moments' storage (`mpcourse.optim_states.STATE_FORMATS`).
+    `state_format`: the moments' storage (`mpcourse.optim.optim_states.STATE_FORMATS`).
     """
     key: str
     label: str
@@ -166,7 +166,7 @@ class LadderRunConfig(RunConfig):
     BF16 rungs train a BF16 model with no autocast, so their forward and backward run in BF16;
     the optimizer computes in FP32 and stores as the rung says. No loss scaling: BF16 has FP32's
     range. `per_tensor`: whether the optimizer steps one tensor at a time (same results, a
-    smaller peak; see `mpcourse.stochastic.LowPrecisionWeightOptimizer`).
+    smaller peak; see `mpcourse.optim.stochastic.LowPrecisionWeightOptimizer`).
     """
     rung: str = "fp32"
     loss_scaling: str = "off"

@@ -22,10 +22,10 @@ from typing import Sequence
 
 import torch
 
-from mpcourse.models import next_token_loss
-from mpcourse.optimizer_memory import LadderRunConfig
-from mpcourse.step_memory import LivePeak, held_tensors, measure_live_peak
-from mpcourse.train import build
+from mpcourse.train.models import next_token_loss
+from mpcourse.train.variants.ladder import LadderRunConfig
+from mpcourse.memory.step_peak import LivePeak, held_tensors, measure_live_peak
+from mpcourse.train.loop import build
 
 
 @dataclass(frozen=True)
