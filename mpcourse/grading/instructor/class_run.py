@@ -36,7 +36,8 @@ def grade_command(args) -> int:
     if args.unsafe_no_sandbox:
         print(f"mpcourse grade: WARNING: {UNSAFE_NOTE}", file=sys.stderr)
     elif not (isolation := choose_isolation()).usable:
-        print(f"mpcourse grade: refusing to run submissions without a sandbox: {isolation.problem}", file=sys.stderr)
+        print(f"mpcourse grade: refusing to run submissions without a sandbox: {isolation.problem}",
+              file=sys.stderr)
         return 2
     else:
         print(f"mpcourse grade: {isolation.summary()}", file=sys.stderr)

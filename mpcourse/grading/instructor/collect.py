@@ -115,7 +115,8 @@ def read_roster(path: str | Path | None) -> dict[str, str]:
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         if not {"name", "login"} <= set(reader.fieldnames or ()):
-            raise ValueError(f"the roster {str(path)!r} needs the columns name and login, has {reader.fieldnames}")
+            raise ValueError(f"the roster {str(path)!r} needs the columns name and login, has "
+                             f"{reader.fieldnames}")
         rows = list(reader)
     return {key: row["login"] for row in rows for key in (row["name"], row["name"].casefold())}
 
@@ -132,7 +133,8 @@ def collect(system: str, download: str | Path, out: str | Path, exercises: list[
     for raw in read_download(download):
         upload = parse(system, raw, names)
         if upload is None:
-            report.messages.append(f"cannot place {raw.member!r}: not named as a {system} download names a file")
+            report.messages.append(f"cannot place {raw.member!r}: not named as a {system} download "
+                                   "names a file")
         elif not raw.data:
             report.messages.append(f"cannot place {raw.member!r}: empty, or over {MAX_FILE_BYTES >> 20} MiB")
         elif not upload.file.lower().endswith(".ipynb"):

@@ -24,7 +24,8 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"mpcourse grade: {error}", file=sys.stderr)
         return 2
     if systems and not args.csv:
-        print("mpcourse grade: --lms writes its gradebook beside the --csv one: add --csv FILE", file=sys.stderr)
+        print("mpcourse grade: --lms writes its gradebook beside the --csv one: add --csv FILE",
+              file=sys.stderr)
         return 2
     status = grade_command(args)
     for system in systems if args.csv and os.path.isfile(args.csv) else ():
@@ -114,28 +115,36 @@ def _autograder(args: argparse.Namespace) -> int:
 def add_instructor_commands(commands) -> None:
     """Add the instructor's commands to `mpcourse`'s subparsers."""
     release = commands.add_parser("release", help="regenerate exercises/ from solutions/")
-    release.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: %(default)s)")
-    release.add_argument("--exercises", default="exercises", help="folder to write learner notebooks to (default: %(default)s)")
+    release.add_argument("--solutions", default="solutions",
+                         help="folder of solution notebooks (default: %(default)s)")
+    release.add_argument("--exercises", default="exercises",
+                         help="folder to write learner notebooks to (default: %(default)s)")
     release.set_defaults(handler=_release)
 
     grade = commands.add_parser(
         "grade", help="grade submitted exercise notebooks",
-        epilog="Put the paths after -- when a folder's name may begin with '-': mpcourse grade --csv g.csv -- "
-               "submissions/*/ex00_bytes.ipynb. Exit status: 0 when every submission was graded (whatever its "
-               "score), 3 when some could not be (named on stderr, with why), 2 for bad arguments.")
+        epilog="Put the paths after -- when a folder's name may begin with '-': mpcourse grade --csv g.csv "
+               "-- submissions/*/ex00_bytes.ipynb. Exit status: 0 when every submission was graded (whatever "
+               "its score), 3 when some could not be (named on stderr, with why), 2 for bad arguments.")
     grade.add_argument("paths", nargs="+", metavar="PATH", help="submitted .ipynb files")
     grade.add_argument("--solutions", default=None,
-                       help="folder of solution notebooks holding the tests (default: the course's solutions/)")
+                       help="folder of solution notebooks holding the tests (default: the course's "
+                            "solutions/)")
     grade.add_argument("--timeout", type=float, default=120.0,
                        help="seconds for a submission's cells, all together, and again for each test "
                             "(default: %(default)s)")
-    grade.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+    grade.add_argument("--jobs", type=int,
+                       default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                        else os.cpu_count() or 1,
-                       help="submissions graded at once, each in its own sandbox (default: the %(default)s cores)")
-    grade.add_argument("--csv", metavar="FILE", help="also write a gradebook: one row per submission and test")
-    grade.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
+                       help="submissions graded at once, each in its own sandbox (default: the %(default)s "
+                            "cores)")
+    grade.add_argument("--csv", metavar="FILE",
+                       help="also write a gradebook: one row per submission and test")
+    grade.add_argument("--json", action="store_true",
+                       help="print one JSON object on stdout instead of tables")
     grade.add_argument("--jsonl", action="store_true",
-                       help="print one JSON line per submission on stdout as each finishes, instead of tables")
+                       help="print one JSON line per submission on stdout as each finishes, instead of "
+                            "tables")
     grade.add_argument("--unsafe-no-sandbox", action="store_true",
                        help="grade without bubblewrap's sandbox: submissions can then read and change "
                             "this machine's files (a warning goes to the output and the gradebook)")
@@ -147,28 +156,35 @@ def add_instructor_commands(commands) -> None:
 
     gradebook = commands.add_parser("gradebook", help="convert a gradebook without grading again")
     actions = gradebook.add_subparsers(dest="action", metavar="ACTION", required=True)
-    export = actions.add_parser("export", help="write LMS imports from a gradebook `mpcourse grade --csv` wrote")
+    export = actions.add_parser("export",
+                                help="write LMS imports from a gradebook `mpcourse grade --csv` wrote")
     export.add_argument("gradebook", help="the per-test gradebook CSV")
     export.add_argument("--lms", action="append", required=True, metavar="SYSTEM",
-                        help="canvas, moodle or blackboard (several: canvas,moodle); writes gradebook.SYSTEM.csv")
+                        help="canvas, moodle or blackboard (several: canvas,moodle); writes "
+                             "gradebook.SYSTEM.csv")
     export.add_argument("--assignment-id", action="append", metavar="EXERCISE=ID",
-                        help="Canvas: the id of an existing assignment (ex00_bytes=1234), so the import updates "
-                             "it instead of creating a new one")
+                        help="Canvas: the id of an existing assignment (ex00_bytes=1234), so the import "
+                             "updates it instead of creating a new one")
     export.set_defaults(handler=_gradebook)
 
     collect = commands.add_parser("collect", help="lay out an LMS's bulk download as submissions/<learner>/")
     collect.add_argument("download", help="the LMS's 'download all submissions' zip, or its unpacked folder")
     collect.add_argument("--from", dest="system", required=True, choices=("canvas", "moodle"))
-    collect.add_argument("--out", default="submissions", help="the class folder to write (default: %(default)s)")
+    collect.add_argument("--out", default="submissions",
+                         help="the class folder to write (default: %(default)s)")
     collect.add_argument("--roster", default=None,
-                         help="Moodle: a CSV with columns name and login, naming each learner's folder by login")
-    collect.add_argument("--solutions", default=None, help="folder of solution notebooks (default: the course's)")
+                         help="Moodle: a CSV with columns name and login, naming each learner's folder by "
+                              "login")
+    collect.add_argument("--solutions", default=None,
+                         help="folder of solution notebooks (default: the course's)")
     collect.set_defaults(handler=_collect)
 
-    feedback = commands.add_parser("feedback", help="one HTML page per learner and exercise, a zip per learner")
+    feedback = commands.add_parser("feedback",
+                                   help="one HTML page per learner and exercise, a zip per learner")
     feedback.add_argument("gradebook", help="the per-test gradebook CSV (the notebooks it names are read)")
     feedback.add_argument("--out", default="feedback", help="folder to write (default: %(default)s)")
-    feedback.add_argument("--solutions", default=None, help="folder of solution notebooks (default: the course's)")
+    feedback.add_argument("--solutions", default=None,
+                          help="folder of solution notebooks (default: the course's)")
     feedback.set_defaults(handler=_feedback)
 
     report = commands.add_parser("report", help="an HTML page of the class: scores, hardest tests, slowest")
@@ -176,12 +192,16 @@ def add_instructor_commands(commands) -> None:
     report.add_argument("--out", default="report.html", help="the page to write (default: %(default)s)")
     report.set_defaults(handler=_report)
 
-    autograder = commands.add_parser("autograder", help="grade a large class on Gradescope or in GitHub Classroom")
+    autograder = commands.add_parser("autograder",
+                                     help="grade a large class on Gradescope or in GitHub Classroom")
     platforms = autograder.add_subparsers(dest="platform", metavar="PLATFORM", required=True)
     gradescope = platforms.add_parser("gradescope", help="write a Gradescope autograder zip")
-    gradescope.add_argument("exercises", nargs="*", metavar="EXERCISE", help="exercises to grade (ex00 or ex00_bytes)")
-    gradescope.add_argument("--all", action="store_true", help="every exercise in --solutions, in one autograder")
-    gradescope.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: %(default)s)")
+    gradescope.add_argument("exercises", nargs="*", metavar="EXERCISE",
+                            help="exercises to grade (ex00 or ex00_bytes)")
+    gradescope.add_argument("--all", action="store_true",
+                            help="every exercise in --solutions, in one autograder")
+    gradescope.add_argument("--solutions", default="solutions",
+                            help="folder of solution notebooks (default: %(default)s)")
     gradescope.add_argument("--out", required=True, help="the zip to write")
     gradescope.add_argument("--hidden-visibility", default="after_published",
                             choices=("after_published", "hidden", "after_due_date"),
@@ -190,15 +210,17 @@ def add_instructor_commands(commands) -> None:
                             help="seconds each notebook may run (default: %(default)s)")
     gradescope.add_argument("--total-seconds", type=float, default=540.0,
                             help="seconds a whole run may take; keep it under the assignment's Gradescope "
-                                 "autograder timeout (default: %(default)s, under Gradescope's default 10 min)")
+                                 "autograder timeout (default: %(default)s, under Gradescope's default 10 "
+                                 "min)")
     gradescope.add_argument("--allow-unsandboxed", action="store_true",
-                            help="where bubblewrap cannot run, grade anyway, unprotected (INSTRUCTORS.md says "
-                                 "what a submission can then do); by default such a run refuses")
+                            help="where bubblewrap cannot run, grade anyway, unprotected (INSTRUCTORS.md "
+                                 "says what a submission can then do); by default such a run refuses")
     classroom = platforms.add_parser("github-classroom", help="write a workflow running the visible tests")
     classroom.add_argument("--exercises", dest="exercises_dir", default="exercises",
                            help="learner notebooks, as the path from the course's root (the nearest folder "
                                 "above holding pyproject.toml), wherever this runs (default: %(default)s)")
     classroom.add_argument("--out", default=None,
                            help="repository root to write .github/ into (default: the course's root)")
-    classroom.add_argument("--timeout-minutes", type=int, default=10, help="per test step (default: %(default)s)")
+    classroom.add_argument("--timeout-minutes", type=int, default=10,
+                           help="per test step (default: %(default)s)")
     autograder.set_defaults(handler=_autograder)

@@ -25,7 +25,8 @@ from mpcourse.grading.platforms.lms import learner_of
 from mpcourse.grading.judging.selfcheck import TestResult
 
 WITHHELD = "(reason withheld: it quoted a hidden test)"
-STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1b1b1b}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
+color:#1b1b1b}
 pre{background:#f6f6f6;padding:.6rem;border-radius:4px;overflow-x:auto;white-space:pre-wrap}
 .markdown{background:none;border-left:3px solid #ddd}
 .verdict{margin:.2rem 0 1.2rem;padding:.5rem .8rem;border-radius:4px}
@@ -75,7 +76,8 @@ def page(result: SubmissionResult, hidden: set[str]) -> str:
         cells = nbformat.read(result.path, as_version=4).cells
     except Exception as error:  # noqa: BLE001: an unreadable notebook still gets its verdicts
         cells = []
-        body.append(f'<p class="note">Your notebook could not be shown ({html.escape(type(error).__name__)}); '
+        body.append(f'<p class="note">Your notebook could not be shown '
+                    f'({html.escape(type(error).__name__)}); '
                     "the verdicts follow.</p>")
     for cell in cells:
         kind = "markdown" if cell.cell_type == "markdown" else "code"

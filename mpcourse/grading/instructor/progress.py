@@ -31,8 +31,9 @@ class Progress:
         if self.slowest is None or result.seconds > self.slowest.seconds:
             self.slowest = result
         where = Path(result.path)
-        self.bar.set_postfix_str(clean(f"slowest {where.parent.name}/{where.name} {self.slowest.seconds:.1f} s"
-                                       if self.slowest is result else self.bar.postfix or ""), refresh=False)
+        slowest = f"slowest {where.parent.name}/{where.name} {self.slowest.seconds:.1f} s"
+        self.bar.set_postfix_str(clean(slowest if self.slowest is result else self.bar.postfix or ""),
+                                 refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:

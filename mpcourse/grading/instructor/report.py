@@ -20,7 +20,8 @@ from mpcourse.grading.gradebook import SubmissionResult, read_gradebook
 from mpcourse.grading.platforms.lms import learner_of
 
 SLOWEST_SHOWN = 10
-STYLE = """body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;color:#1b1b1b}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;
+color:#1b1b1b}
 table{border-collapse:collapse;margin:1rem 0}th,td{border:1px solid #ccc;padding:.3rem .6rem;text-align:left}
 th{background:#f0f0f0}td.number{text-align:right}img{max-width:100%}"""
 
@@ -49,7 +50,8 @@ def pass_rates(results: list[SubmissionResult]) -> list[TestRate]:
             passed[key] += test.passed
             if not test.passed:
                 reasons[key][test.reason or "failed"] += 1
-    rates = [TestRate(e, t, passed[e, t], taken[e, t], reasons[e, t].most_common(1)[0][0] if reasons[e, t] else "")
+    rates = [TestRate(e, t, passed[e, t], taken[e, t],
+                      reasons[e, t].most_common(1)[0][0] if reasons[e, t] else "")
              for e, t in taken]
     return sorted(rates, key=lambda r: (r.rate, r.exercise, r.test))
 
@@ -80,7 +82,8 @@ def score_figure(results: list[SubmissionResult]):
     """One histogram per exercise: how many submissions got each score."""
     import matplotlib.pyplot as plt
     exercises = sorted({r.exercise for r in results if r.exercise})
-    figure, axes = plt.subplots(1, max(1, len(exercises)), figsize=(4 * max(1, len(exercises)), 3), squeeze=False)
+    figure, axes = plt.subplots(1, max(1, len(exercises)),
+                                figsize=(4 * max(1, len(exercises)), 3), squeeze=False)
     for ax, exercise in zip(axes[0], exercises):
         mine = [r for r in results if r.exercise == exercise]
         top = max(r.max_score for r in mine)
@@ -124,20 +127,23 @@ def report_html(results: list[SubmissionResult], title: str = "Class report") ->
     slowest = sorted(results, key=lambda r: r.seconds, reverse=True)[:SLOWEST_SHOWN]
     zeros = zero_scores(graded)
     parts = [f"<h1>{html.escape(title)}</h1>",
-             f"<p>{len(graded)} graded submission(s) from {len({learner_of(r.path) for r in graded})} learner(s); "
-             f"{sum(r.seconds for r in results):.0f} s of grading in all.</p>",
+             f"<p>{len(graded)} graded submission(s) from {len({learner_of(r.path) for r in graded})} "
+             f"learner(s); {sum(r.seconds for r in results):.0f} s of grading in all.</p>",
              '<h2 id="scores">Score distribution per exercise</h2>',
-             _image(score_figure(graded), "Histograms, one per exercise, of how many submissions got each score"),
+             _image(score_figure(graded),
+                    "Histograms, one per exercise, of how many submissions got each score"),
              _table(["exercise", "submissions", "mean score", "max score", "full marks"],
                     [[e, len(m), f"{sum(r.score for r in m) / len(m):.2f}", f"{m[0].max_score:g}",
                       sum(r.score == r.max_score for r in m)]
                      for e in sorted({r.exercise for r in graded})
                      for m in [[r for r in graded if r.exercise == e]]], numeric={1, 2, 3, 4}),
              '<h2 id="tests">Tests, hardest first</h2>',
-             _image(rates_figure(rates), "Horizontal bars: the share of submissions passing each test, hardest "
+             _image(rates_figure(rates),
+                    "Horizontal bars: the share of submissions passing each test, hardest "
                                          "at the top") if rates else "<p>No tests were graded.</p>",
              _table(["exercise", "test", "passed", "of", "pass rate", "most common reason for failing"],
-                    [[r.exercise, r.test, r.passed, r.taken, f"{100 * r.rate:.0f}%", r.common_reason] for r in rates],
+                    [[r.exercise, r.test, r.passed, r.taken, f"{100 * r.rate:.0f}%",
+                      r.common_reason] for r in rates],
                     numeric={2, 3, 4}, attrs=lambda i: (f' data-exercise="{html.escape(rates[i].exercise)}" '
                                                        f'data-test="{html.escape(rates[i].test)}" '
                                                        f'data-rate="{rates[i].rate:.6f}"')),

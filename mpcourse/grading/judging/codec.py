@@ -31,7 +31,8 @@ MAX_OBJECTS = 100_000      # tensors, modules, optimizers and scalers in one cal
 DTYPE_NAMES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16",
                "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
                "float8_e5m2fnuz", "float8_e8m0fnu")
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if isinstance(getattr(torch, name, None), torch.dtype)}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES
+          if isinstance(getattr(torch, name, None), torch.dtype)}
 #: numpy scalar and array dtypes that cross, as numpy names them.
 NUMPY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
                 "float32", "float64")
@@ -71,7 +72,8 @@ def encode(value, depth=0):
     if isinstance(value, tuple):  # a namedtuple is the tuple of its values
         return {"$": "tuple", "items": [encode(v, depth + 1) for v in value]}
     if isinstance(value, dict):
-        return {"$": "dict", "items": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+        return {"$": "dict", "items": [[encode(k, depth + 1), encode(v, depth + 1)]
+                                       for k, v in value.items()]}
     if isinstance(value, (set, frozenset)):
         return {"$": "set", "items": [encode(v, depth + 1) for v in value]}
     if isinstance(value, torch.dtype):
@@ -82,7 +84,8 @@ def encode(value, depth=0):
         cls = type(value)
         classes = [[c.__module__, c.__qualname__] for c in cls.__mro__ if dataclasses.is_dataclass(c)]
         return {"$": "dataclass", "classes": classes,
-                "fields": {f.name: encode(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value) if f.init}}
+                "fields": {f.name: encode(getattr(value, f.name), depth + 1)
+                           for f in dataclasses.fields(value) if f.init}}
     raise NotPlainData(f"a {type(value).__module__}.{type(value).__qualname__} is not plain data")
 
 
@@ -173,7 +176,8 @@ def list_of(data, key):
 
 def _dtype(name):
     if type(name) is not str or name not in DTYPES:
-        raise MalformedData(f"dtype {str(name)[:40]!r} is not one that crosses (allowed: {', '.join(DTYPES)})")
+        raise MalformedData(f"dtype {str(name)[:40]!r} is not one that crosses "
+                            f"(allowed: {', '.join(DTYPES)})")
     return DTYPES[name]
 
 
@@ -186,7 +190,9 @@ def _numpy_scalar(data):
     if type(value) not in (bool, int, float) or (name == "bool") != (type(value) is bool):
         raise MalformedData(f"a numpy {name} holds {type(value).__name__}")
     try:
-        return numpy.array(value).astype(name, casting="same_kind")[()] if name != "bool" else numpy.bool_(value)
+        if name == "bool":
+            return numpy.bool_(value)
+        return numpy.array(value).astype(name, casting="same_kind")[()]
     except (TypeError, OverflowError, ValueError):
         raise MalformedData(f"{str(value)[:40]} is not a numpy {name}") from None
 
@@ -201,7 +207,8 @@ def decode_tensor(data):
         raise MalformedData("a tensor encoding is not a dict")
     dtype = _dtype(data.get("dtype"))
     shape, text = data.get("shape"), data.get("data")
-    if type(shape) is not list or len(shape) > MAX_DIMENSIONS or not all(type(n) is int and 0 <= n for n in shape):
+    if type(shape) is not list or len(shape) > MAX_DIMENSIONS \
+            or not all(type(n) is int and 0 <= n for n in shape):
         raise MalformedData(f"a tensor shape must be a list of at most {MAX_DIMENSIONS} non-negative ints")
     extent = 1
     for n in shape:
@@ -212,7 +219,8 @@ def decode_tensor(data):
     numel = math.prod(shape)
     itemsize = dtype.itemsize
     if numel * itemsize > MAX_TENSOR_BYTES:
-        raise MalformedData(f"a tensor of {numel * itemsize:,} bytes is over the {MAX_TENSOR_BYTES >> 20} MiB allowed")
+        raise MalformedData(f"a tensor of {numel * itemsize:,} bytes is over the "
+                            f"{MAX_TENSOR_BYTES >> 20} MiB allowed")
     if type(text) is not str or len(text) != 4 * math.ceil(numel * itemsize / 3):
         raise MalformedData(f"tensor data is not the base64 of {numel} {dtype} elements")
     try:
@@ -271,7 +279,8 @@ def decode_error(data):
     if type(name) is not str or type(message) is not str or type(bases) is not list:
         raise MalformedData("an error report needs a type, its bases and a message")
     for candidate in [name, *bases[:MAX_DEPTH]]:
-        cls = getattr(builtins, candidate, None) if type(candidate) is str and candidate.isidentifier() else None
+        named = type(candidate) is str and candidate.isidentifier()
+        cls = getattr(builtins, candidate, None) if named else None
         if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception \
                 and not issubclass(cls, (StopIteration, StopAsyncIteration)):
             return _from_submission(cls(message))

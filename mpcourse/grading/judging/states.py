@@ -29,7 +29,8 @@ if codec is None:
 PROBES = {
     "output_dtypes": "the dtype of each output of the submodule named",
     "autocast_in_grad": "whether autocast was on when the gradient of the parameter named was computed",
-    "grad_before_forward": "whether the parameter named held a nonzero gradient at each forward call of the model",
+    "grad_before_forward": "whether the parameter named held a nonzero gradient at each forward call of "
+                           "the model",
 }
 PROBE_SPEC = "_mpcourse_probes"
 HOOK_DICTS = {"_backward_pre_hooks", "_backward_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
@@ -85,7 +86,8 @@ class Sender:
         if isinstance(value, torch.Tensor):
             number = self._remember(value)
             grad = value.grad if value.is_leaf else None
-            return {"$": "var", "n": number, "value": codec.encode_tensor(value), "requires_grad": value.requires_grad,
+            return {"$": "var", "n": number, "value": codec.encode_tensor(value),
+                    "requires_grad": value.requires_grad,
                     "parameter": isinstance(value, torch.nn.Parameter),
                     "grad": None if grad is None else codec.encode_tensor(grad)}
         if isinstance(value, torch.nn.Module):
@@ -103,7 +105,8 @@ class Sender:
                        for part in ("parameters", "buffers", "modules")}}
         if isinstance(value, torch.optim.Optimizer):
             number = self._remember(value)
-            groups = [{"params": [self.encode(p, depth + 1) for p in group["params"]]} for group in value.param_groups]
+            groups = [{"params": [self.encode(p, depth + 1) for p in group["params"]]}
+                      for group in value.param_groups]
             return {"$": "optimizer", "n": number, "class": type(value).__name__, "groups": groups,
                     "state": codec.encode(value.state_dict(), depth + 1)}
         if isinstance(value, torch.amp.GradScaler):
@@ -115,7 +118,8 @@ class Sender:
         if isinstance(value, tuple) and type(value) is tuple:
             return {"$": "tuple", "items": [self.encode(v, depth + 1) for v in value]}
         if type(value) is dict:
-            return {"$": "dict", "items": [[codec.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in value.items()]}
+            return {"$": "dict", "items": [[codec.encode(k, depth + 1), self.encode(v, depth + 1)]
+                                           for k, v in value.items()]}
         return codec.encode(value, depth)
 
     def _remember(self, value):
@@ -141,7 +145,8 @@ class Sender:
                 try:
                     _apply_tensor(value, state)
                 except RuntimeError as error:  # a gradient or value torch refuses for this tensor
-                    raise codec.MalformedData(f"a tensor's state after the call does not fit it: {str(error)[:80]}") from None
+                    raise codec.MalformedData(f"a tensor's state after the call does not fit it: "
+                                              f"{str(error)[:80]}") from None
             elif isinstance(value, torch.nn.Module):
                 training, probes = state.get("training"), state.get("probes")
                 if type(training) is not bool or type(probes) is not dict:
@@ -159,11 +164,14 @@ class Sender:
                 try:
                     value.load_state_dict(decoded)
                 except Exception as error:  # noqa: BLE001: the learner's side sent it
-                    raise codec.MalformedData(f"the optimizer's state after the call ({type(error).__name__})") from None
+                    raise codec.MalformedData(f"the optimizer's state after the call "
+                                              f"({type(error).__name__})") from None
             elif isinstance(value, torch.amp.GradScaler):
                 decoded = codec.decode(state.get("state"))
-                if type(decoded) is not dict or (value.is_enabled() and not {"scale", "_growth_tracker"} <= set(decoded)):
-                    raise codec.MalformedData("the scaler's state after the call is not a scaler's state dict")
+                if type(decoded) is not dict \
+                        or (value.is_enabled() and not {"scale", "_growth_tracker"} <= set(decoded)):
+                    raise codec.MalformedData("the scaler's state after the call is not a scaler's state "
+                                              "dict")
                 if value.is_enabled():
                     value.load_state_dict(decoded)
 
@@ -209,7 +217,8 @@ class Receiver:
             return self.objects[number]
         if kind in ("var", "module", "optimizer", "scaler"):
             if self.refs_only:
-                raise codec.MalformedData(f"a new {kind} where only plain data or an object sent may come back")
+                raise codec.MalformedData(f"a new {kind} where only plain data or an object sent may "
+                                          "come back")
             if data.get("n") != len(self.objects):
                 raise codec.MalformedData("objects are not numbered in order")
             return getattr(self, "_" + kind)(data, depth)
@@ -249,10 +258,11 @@ class Receiver:
         module = self._add(cls.__new__(cls))
         torch.nn.Module.__init__(module)
         attributes = codec.decode(data.get("attributes"))
-        if type(attributes) is not dict or not all(type(k) is str and k.isidentifier() and not k.startswith("_")
-                                                   for k in attributes):
+        if type(attributes) is not dict \
+                or not all(type(k) is str and k.isidentifier() and not k.startswith("_") for k in attributes):
             raise codec.MalformedData("a module's attributes are not a dict of public names")
-        for part, kind in (("parameters", torch.nn.Parameter), ("buffers", torch.Tensor), ("modules", torch.nn.Module)):
+        for part, kind in (("parameters", torch.nn.Parameter), ("buffers", torch.Tensor),
+                           ("modules", torch.nn.Module)):
             entries = data.get(part)
             if type(entries) is not dict:
                 raise codec.MalformedData(f"a module's {part} are not a dict")
@@ -264,14 +274,15 @@ class Receiver:
         vars(module).update(attributes)
         module.train(data.get("training") is True)
         spec = data.get("probes")
-        if type(spec) is not list or not all(type(p) is list and len(p) == 2 and p[0] in PROBES and type(p[1]) is str
-                                             for p in spec):
+        if type(spec) is not list or not all(
+                type(p) is list and len(p) == 2 and p[0] in PROBES and type(p[1]) is str for p in spec):
             raise codec.MalformedData(f"probes are pairs of a name among {', '.join(PROBES)} and a target")
         log = {name: [] for name, _ in spec}
         try:
             _install_probes(module, spec, log)
         except (AttributeError, KeyError) as error:
-            raise codec.MalformedData(f"a probe's target is not in the model ({type(error).__name__})") from None
+            raise codec.MalformedData(f"a probe's target is not in the model "
+                                      f"({type(error).__name__})") from None
         object.__setattr__(module, PROBE_SPEC, (spec, log))
         return module
 
@@ -282,8 +293,8 @@ class Receiver:
         number = len(self.objects)
         self._add(None)  # its number, before its parameters'
         groups = codec.list_of(data, "groups")
-        params = [[self.decode(p, depth + 1) for p in codec.list_of(group, "params")] if type(group) is dict else None
-                  for group in groups]
+        params = [[self.decode(p, depth + 1) for p in codec.list_of(group, "params")]
+                  if type(group) is dict else None for group in groups]
         state = codec.decode(data.get("state"))
         if type(state) is not dict or type(state.get("param_groups")) is not list \
                 or len(state["param_groups"]) != len(params) or None in params:
@@ -293,7 +304,8 @@ class Receiver:
             optimizer = cls([dict(h, params=p) for h, p in zip(hyper, params)])
             optimizer.load_state_dict(state)
         except Exception as error:  # noqa: BLE001: a state dict that does not fit is malformed
-            raise codec.MalformedData(f"an optimizer's state does not fit it ({type(error).__name__})") from None
+            raise codec.MalformedData(f"an optimizer's state does not fit it "
+                                      f"({type(error).__name__})") from None
         self.objects[number] = optimizer
         return optimizer
 
@@ -319,7 +331,8 @@ class Receiver:
                             "grad": None if grad is None else codec.encode_tensor(grad)})
             elif isinstance(value, torch.nn.Module):
                 log = getattr(value, PROBE_SPEC, ([], {}))[1]
-                out.append({"training": value.training, "probes": {k: codec.encode(v) for k, v in log.items()}})
+                out.append({"training": value.training,
+                            "probes": {k: codec.encode(v) for k, v in log.items()}})
             elif isinstance(value, (torch.optim.Optimizer, torch.amp.GradScaler)):
                 out.append({"state": codec.encode(value.state_dict())})
             else:

@@ -49,7 +49,8 @@ def _own_groups() -> dict[str, str]:
 def _v1_parents() -> dict[str, Path]:
     """The grader's own folder in each v1 hierarchy we use (co-mounted hierarchies share one)."""
     groups = _own_groups()
-    return {c: ROOT / c / groups[c] for c in V1_CONTROLLERS if c in groups and (ROOT / c / groups[c]).is_dir()}
+    return {c: ROOT / c / groups[c] for c in V1_CONTROLLERS
+            if c in groups and (ROOT / c / groups[c]).is_dir()}
 
 
 class Cgroup:
@@ -113,7 +114,8 @@ class Cgroup:
         return any((f / "cpu.shares").exists() or (f / "cpu.weight").exists() for f in self.folders)
 
     def cpu_seconds(self) -> float | None:
-        """CPU time used by every process the group ever held, in seconds (None if the kernel does not say)."""
+        """CPU time used by every process the group ever held, in seconds (None if the kernel does not
+        say)."""
         for folder in self.folders:
             try:
                 return int((folder / "cpuacct.usage").read_text()) / 1e9

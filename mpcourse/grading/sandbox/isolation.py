@@ -86,7 +86,8 @@ class Isolation:
         return landlock.abi() if self.kind == USER else 0
 
     def summary(self) -> str:
-        """One line for the terminal and the build log: which sandbox, why not a better one, what it leaves open."""
+        """One line for the terminal and the build log: which sandbox, why not a better one, what it
+        leaves open."""
         if self.kind == BUBBLEWRAP:
             name = "bubblewrap (namespaces, seccomp, a uid and control group per submission when root)"
         elif self.kind == USER:
@@ -110,7 +111,8 @@ def _user_gaps(network: bool, cgroup: bool, walls: int) -> tuple[str, ...]:
     if walls < 6:
         gaps.append("abstract Unix sockets")
     if network and walls >= 4:
-        gaps.append("UDP and other non-TCP network traffic (`unshare --net` was refused; Landlock blocks TCP)")
+        gaps.append("UDP and other non-TCP network traffic (`unshare --net` was refused; Landlock blocks "
+                    "TCP)")
     elif network:
         gaps.append("the network (`unshare --net` was refused, and no Landlock ABI 4 to block TCP)")
     if not cgroup:
@@ -131,7 +133,8 @@ def sandbox_problem() -> str | None:
     except ValueError as error:
         return str(error)
     try:
-        done = subprocess.run(bwrap_command(Limits(), program) + [sys.executable, "-I", "-c", "pass"], capture_output=True,
+        done = subprocess.run(bwrap_command(Limits(), program) + [sys.executable, "-I", "-c",
+                                                                  "pass"], capture_output=True,
                               timeout=60, text=True, pass_fds=[program])
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"bwrap could not start: {error}"
@@ -229,8 +232,10 @@ def bwrap_command(limits: Limits, seccomp_fd: int) -> list[str]:
     """The bubblewrap command line around a process that may write only its own small home, /tmp
     and /dev/shm, under the seccomp filter read from `seccomp_fd`."""
     root = os.geteuid() == 0
-    args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd), "--proc", "/proc", "--dev", "/dev",
+    args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--seccomp", str(seccomp_fd), "--proc", "/proc",
+            "--dev", "/dev",
             "--size", str(limits.tmp), "--perms", "1777", "--tmpfs", "/dev/shm",
             "--size", str(limits.tmp), "--perms", "1777", "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr"]
     if not root:
@@ -246,9 +251,11 @@ def bwrap_command(limits: Limits, seccomp_fd: int) -> list[str]:
         args += ["--perms", "0755", "--dir", folder]  # e.g. /root: traversable, its other files absent
     for path in needed:
         args += ["--ro-bind", path, path]
-    return args + ["--perms", "0755", "--dir", "/home", "--size", str(limits.home), "--perms", "1777", "--tmpfs",
+    return args + ["--perms", "0755", "--dir", "/home", "--size", str(limits.home),
+                   "--perms", "1777", "--tmpfs",
                    "/home/learner", "--chdir", "/home/learner", "--clearenv",
                    "--setenv", "HOME", "/home/learner", "--setenv", "PATH", "/usr/bin:/bin",
                    "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "MPLBACKEND", "Agg",
-                   *[arg for name, value in kernel_environment().items() for arg in ("--setenv", name, value)],
+                   *[arg for name,
+                     value in kernel_environment().items() for arg in ("--setenv", name, value)],
                    "--"]

@@ -53,7 +53,8 @@ def _alarm(signum, frame):
 def _child(connection, grade, path, memory: int, seconds: float):
     """In the grading process: limits, then the submission's grade sent back to the grader."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
+    resource.setrlimit(resource.RLIMIT_AS,
+                       (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     result = grade(path)
@@ -79,7 +80,8 @@ def grade_in_processes(paths, grade, seconds_for, jobs: int, memory: int):
             task = waiting.pop()
             task.attempts += 1
             receive, send = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(send, grade, task.path, memory, task.seconds), daemon=True)
+            process = context.Process(target=_child, args=(send, grade, task.path, memory,
+                                                           task.seconds), daemon=True)
             process.start()
             send.close()
             running[receive] = (task, process, time.monotonic() + task.seconds + GRACE)

@@ -2,9 +2,10 @@
 end of its pipes (`Sandbox`).
 
 Every reply is one JSON line echoing its request's number, read under the budget and a size cap: a
-line over `Limits.reply` bytes, or of over `Limits.reply_items` JSON items (each would become a Python object),
-stops the worker before any of it is parsed, and a line that does not end with the request's number is dropped
-unparsed. A worker that dies, stalls, floods its output or answers nonsense is reported, never trusted.
+line over `Limits.reply` bytes, or of over `Limits.reply_items` JSON items (each would become a
+Python object), stops the worker before any of it is parsed, and a line that does not end with the
+request's number is dropped unparsed. A worker that dies, stalls, floods its output or answers
+nonsense is reported, never trusted.
 Time is counted as CPU time of the whole sandbox (`limits.Budget`), read from its control group or
 its processes.
 """
@@ -42,7 +43,8 @@ class WorkerGone(Exception):
 
     def __init__(self, message: str, overrun: str | None = None):
         super().__init__(message)
-        self.overrun = overrun  # for a worker stopped by its budget: how it overran ('ran past its budget of...')
+        # for a worker stopped by its budget: how it overran ('ran past its budget of...')
+        self.overrun = overrun
 
     @property
     def timed_out(self) -> bool:
@@ -122,7 +124,8 @@ class Sandbox:
 
     closed_cpu_seconds = 0.0  # CPU time of every sandbox this process has closed: a submission's cost
 
-    def __init__(self, limits: Limits, deadline: Budget | float, sandboxed: bool = True, trusted: bool = False,
+    def __init__(self, limits: Limits, deadline: Budget | float,
+                 sandboxed: bool = True, trusted: bool = False,
                  kind: str | None = None):
         self.limits, self.printed, self.flooded, self.tail = limits, 0, False, b""
         self.kind = (kind or choose_isolation().kind) if sandboxed else NONE
@@ -132,7 +135,8 @@ class Sandbox:
             raise RuntimeError("the unprivileged-user sandbox needs a grader running as root")
         config = {"memory": limits.memory, "cpu": limits.cpu, "file_size": limits.file_size,
                   "open_files": limits.open_files}
-        command, passed, self.cgroup, self.uid, self.workdir = [sys.executable, "-I", str(WORKER)], [], None, None, None
+        command, passed, self.cgroup, self.uid, self.workdir = [sys.executable, "-I",
+                                                                str(WORKER)], [], None, None, None
         if sandboxed and os.geteuid() == 0:
             self.uid = sandbox_uid()
             config.update(user=self.uid, processes=limits.processes)
@@ -150,12 +154,14 @@ class Sandbox:
             if landlock.abi():
                 config.update(landlock=landlock_rules(cwd))
             command = (UNSHARE if unshare_allowed() else []) + command
-            env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "IPYTHONDIR": os.path.join(cwd, ".ipython"),
+            env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd,
+                   "IPYTHONDIR": os.path.join(cwd, ".ipython"),
                    "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg", **kernel_environment()}
         else:
             self.workdir = cwd = tempfile.mkdtemp(prefix="mpcourse-grade-")
             home = {"HOME": cwd, "IPYTHONDIR": os.path.join(cwd, ".ipython"), "MPLBACKEND": "Agg"}
-            env = dict(os.environ, **home) if trusted else dict(home, PATH="/usr/bin:/bin", **kernel_environment())
+            env = (dict(os.environ, **home) if trusted
+                   else dict(home, PATH="/usr/bin:/bin", **kernel_environment()))
         if self.cgroup is not None:
             command = self.cgroup.wrap(command)
         try:
@@ -280,7 +286,8 @@ class Sandbox:
         elif what == "died":
             what = "died (os._exit, a crash or a limit)"
         if os.environ.get("MPCOURSE_GRADE_DEBUG"):
-            print(f"[worker {what}, exit {self.process.returncode}] {self.tail.decode(errors='replace')}", file=sys.stderr)
+            print(f"[worker {what}, exit {self.process.returncode}] {self.tail.decode(errors='replace')}",
+                  file=sys.stderr)
         return WorkerGone(f"the submission's process {what}", overrun)
 
     def kill(self):

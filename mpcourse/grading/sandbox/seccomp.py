@@ -136,7 +136,8 @@ def install():
     program = filter_program()
     libc = ctypes.CDLL(None, use_errno=True)
 
-    class SockFprog(ctypes.Structure):  # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+    # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+    class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
     code = ctypes.create_string_buffer(program, len(program))
