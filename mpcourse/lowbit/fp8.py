@@ -21,12 +21,12 @@ a GPU with FP8 tensor cores (compute capability 8.9 or newer) the layer calls
 `torch._scaled_mm` on real FP8 tensors instead. Those tensor cores do not sum in FP32: on
 Hopper they keep about 14 bits of the running sum (DeepSeek-V3 report), and cuBLAS promotes
 partial sums to FP32 at intervals unless `use_fast_accum=True`; `mpcourse.lowbit.matmul`
-emulates such an accumulator.
+emulates such an accumulator. `Fp8RunConfig` (`mpcourse.train.variants.fp8`) trains the lesson-06
+model with it.
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch

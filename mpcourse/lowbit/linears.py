@@ -15,20 +15,21 @@ Hadamard transform over the tokens of grad_W's two inputs (`hadamard_wgrad`), wh
 an outlier over 16 values before they share a scale and cancels exactly in the product.
 
 The products are summed in FP32. Emulated: the values are exactly what the low-precision GEMM
-would multiply, the speed is not. `BlockScaledRunConfig` trains it through `train.train`, like
-every variant, keeping in higher precision what the recipes keep there: embeddings, the output
-head, norms, attention's softmax and the loss, and optionally whole blocks (`keep_blocks`).
+would multiply, the speed is not. `BlockScaledRunConfig` (`mpcourse.train.variants.block_scaled`)
+trains it through `train.train`, like every variant, keeping in higher precision what the recipes
+keep there: embeddings, the output head, norms, attention's softmax and the loss, and optionally
+whole blocks (`keep_blocks`).
 
-`OutlierRunConfig(outlier_gain=g)` gives any run, FP32 and BF16 included, an outlier feature as
-large models have them: a fixed gain g on one input feature of each block's second MLP linear,
-as a norm's learned gain makes one feature large. The weights are left alone, so the model
+`add_outlier_feature(model, g)` (which `OutlierRunConfig(outlier_gain=g)` gives any run, FP32 and
+BF16 included) makes an outlier feature as large models have them: a fixed gain g on one input
+feature of each block's second MLP linear, as a norm's learned gain makes one feature large. The weights are left alone, so the model
 itself changes, and every recipe is compared with an FP32 run of the same model.
 """
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 import torch
 from torch import nn
