@@ -166,7 +166,7 @@ def test_autocast_blocks_are_coloured_by_the_traced_dtypes():
     torch.manual_seed(0)
     block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
     x = torch.randn(2, 8, 32)
-    with mpcourse.amp.autocast_mode("cpu", dtype=torch.bfloat16, trace=True) as region:
+    with mpcourse.amp.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
         y = block(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert block(x).dtype == y.dtype

@@ -352,7 +352,7 @@ class Call:
 def call_path(fn: Callable[[], object]) -> list[Call]:
     """Run `fn` and record each torch call at both ends of its path, in call order.
 
-    "python": what Python hands to `__torch_function__` modes (where `mpcourse.amp.autocast_mode` works);
+    "python": what Python hands to `__torch_function__` modes (where `mpcourse.amp.autocast` works);
     "kernel": what the dispatcher hands on below its Autocast and Autograd keys (where a
     `TorchDispatchMode` works). Under `torch.autocast`, the casts show only at the kernel level.
     """

@@ -10,7 +10,7 @@ between devices, and the installed torch registers them as dispatcher kernels un
 This module writes those tables out (`policy_for`), checks them against the dispatcher
 (`registered_ops`), explains one op's entry (`explain_op`), and says which listed op a call that has
 no entry of its own turns into inside torch's C++ (`dispatched_as`): the table applies to that.
-`mpcourse.amp.autocast_mode` applies the policy.
+`mpcourse.amp.autocast` applies the policy.
 """
 from __future__ import annotations
 

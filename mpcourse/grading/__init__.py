@@ -1,7 +1,7 @@
 """Graded exercises: authoring conventions, `release`, the learner's `check()` and the grader.
 
 `check` and `watch` load torch when first used, not on import, so the instructor's commands
-(`grading.commands`) keep `mpcourse --help` fast."""
+(`grading.instructor.commands`) keep `mpcourse --help` fast."""
 import importlib
 
 __all__ = ["check", "watch"]

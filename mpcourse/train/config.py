@@ -23,7 +23,7 @@ class RunConfig:
     - `precision`: "fp32"; "tf32" (FP32 with TF32 tensor-core matmuls, CUDA only); "bf16" or
       "fp16" (autocast to that type).
     - `autocast`: whose mechanisms run the recipe: "torch" (`torch.autocast`,
-      `torch.amp.GradScaler`) or "mpcourse" (the course's `mpcourse.amp.autocast_mode`, `GradScaler`,
+      `torch.amp.GradScaler`) or "mpcourse" (the course's `mpcourse.amp.autocast`, `GradScaler`,
       `StaticLossScaler`). Their results agree; the second is slower, being Python.
     - `loss_scaling`: "dynamic" (GradScaler), "static" (a fixed `static_scale`) or "off".
     - `master_weights`: for bf16/fp16, keep the model's parameters in 16 bits with FP32 masters

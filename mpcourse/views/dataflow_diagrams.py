@@ -1,6 +1,6 @@
 """Pictures of where the dtypes go inside an op, a layer and a sharded step (lessons 03, 07, 08).
 
-- `autocast_blocks`: a traced region of `mpcourse.amp.autocast_mode` as a row of blocks, one per op,
+- `autocast_blocks`: a traced region of `mpcourse.amp.autocast` as a row of blocks, one per op,
   coloured by the dtype the op produced and labelled with its autocast category.
 - `fp8_linear_dataflow`: the FP8 linear of `mpcourse.lowbit.fp8`: amax, scale, quantize, matmul,
   dequantize, with the formats' limits and where current and delayed scaling keep the scales.
@@ -39,8 +39,8 @@ def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
     front of it (copies the weight cache served are not counted).
     """
     if not isinstance(trace, Trace) or not trace:
-        raise ValueError("trace must be a non-empty mpcourse.amp.autocast_mode Trace, from "
-                         "`with mpcourse.amp.autocast_mode(..., trace=True) as region:` ... region.trace")
+        raise ValueError("trace must be a non-empty mpcourse.amp.autocast Trace, from "
+                         "`with mpcourse.amp.autocast(..., trace=True) as region:` ... region.trace")
     if not isinstance(per_row, int) or per_row < 1:
         raise ValueError(f"per_row must be a positive integer, got {per_row!r}")
     rows = -(-len(trace) // per_row)
