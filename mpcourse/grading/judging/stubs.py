@@ -2,9 +2,9 @@
 
 An exercise names, in its solution's metadata (`"mpcourse": {"write_yourself": [...]}`), the
 library objects it asks the learner to write, as `"module:qualified.name"` (e.g.
-`"mpcourse.memory.accounting:tensor_bytes"`). Before any code of the learner runs, the sandboxed worker
-(and `check()`) calls `write_yourself(targets)`: each function's code object is swapped for one
-that raises `NotImplementedError("this exercise asks you to write ... yourself")`. The swap is on
+`"mpcourse.memory.accounting:tensor_bytes"`). Before any code of the learner runs, the sandboxed
+worker (and `check()`) calls `write_yourself(targets)`: each function's code object is swapped for
+one that raises `NotImplementedError("this exercise asks you to write ... yourself")`. The swap is on
 the function object itself, so every alias, `getattr`, `from ... import` and library function
 that calls it reaches the stub; a class's methods are swapped the same way.
 
