@@ -653,7 +653,7 @@ def test_package_exports_work_in_a_fresh_interpreter():
 
 
 def test_op_categories_and_explainers_have_names_no_format_shares():
-    autocast_module = sys.modules["mpcourse.amp.autocast"]
+    autocast_module = sys.modules["mpcourse.amp.autocast_mode"]
     assert not hasattr(mpcourse, "explain") and not hasattr(autocast_module, "FP32")
     assert mpcourse.explain_op is explain_op and mpcourse.explain_value is not explain_op
     assert mpcourse.FP32.name == CATEGORY_FP32   # same word, different things
@@ -756,4 +756,4 @@ def test_torch_shares_its_weight_cache_between_threads_and_ours_does_not():
                 worker.join()
     assert "same dtype" in seen["torch.amp.autocast_mode"]
     assert seen["torch.amp.autocast_mode no cache"] == torch.float16
-    assert seen["mpcourse.amp.autocast"] == seen["mpcourse.amp.autocast no cache"] == torch.float16
+    assert seen["mpcourse.amp.autocast_mode"] == seen["mpcourse.amp.autocast_mode no cache"] == torch.float16

@@ -5,7 +5,7 @@ from a run). The block-scaled linear itself is `mpcourse.lowbit.linears`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
