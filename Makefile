@@ -15,7 +15,7 @@
 #                                on Linux PyPI serves it as a multi-GB CUDA build)
 #            TORCH_INDEX=...     the index torch alone comes from, e.g. https://download.pytorch.org/whl/cpu
 #                                with TORCH_SPEC=torch==2.13.0+cpu for the small CPU build
-#            MPCOURSE_HARDWARE=  avx2, avx512-bf16, amx or arm: run as on that CPU (mpcourse.cpu_profiles)
+#            MPCOURSE_HARDWARE=  avx2, avx512-bf16, amx or arm: run as on that CPU (mpcourse.machine.cpu_profiles)
 #            PORT=8888 TOKEN=... where `make lab` listens, and its access token (default: random)
 
 PYTHON ?= python3

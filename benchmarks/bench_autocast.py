@@ -1,6 +1,6 @@
-"""One training step of lesson 03's transformer under mpcourse.autocast against torch.autocast (CPU).
+"""One training step of lesson 03's transformer under mpcourse.amp.autocast against torch.autocast (CPU).
 
-mpcourse.autocast makes its casting decisions in Python, once per op call, so it costs some
+mpcourse.amp.autocast makes its casting decisions in Python, once per op call, so it costs some
 microseconds per op on top of the same kernels torch runs. On a model whose ops do real work that
 overhead should stay small: the target is a ratio of at most 1.2 (issue 17).
 """
@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import mpcourse
-from mpcourse.benchmark import compare
-from mpcourse.hardware import report
+from mpcourse.machine.benchmark import compare
+from mpcourse.machine.hardware import report
 
 VOCAB, D_MODEL, HEADS, LAYERS, BATCH, SEQ = 256, 128, 4, 2, 8, 32
 
@@ -41,9 +41,9 @@ def main() -> None:
     result = compare(
         lambda: training_step(model, optimizer, lambda: torch.autocast("cpu", dtype=torch.bfloat16),
                               tokens, targets),
-        lambda: training_step(model, optimizer, lambda: mpcourse.autocast("cpu", dtype=torch.bfloat16),
+        lambda: training_step(model, optimizer, lambda: mpcourse.amp.autocast("cpu", dtype=torch.bfloat16),
                               tokens, targets),
-        name_a="torch.autocast", name_b="mpcourse.autocast", warmup=1, repeats=7)
+        name_a="torch.autocast", name_b="mpcourse.amp.autocast", warmup=1, repeats=7)
     print(f"one bf16 training step, {LAYERS}-layer transformer (d={D_MODEL}, batch {BATCH}x{SEQ}), "
           f"{torch.get_num_threads()} threads")
     print(f"bf16 on this machine: {report().precisions['bf16'].how}")

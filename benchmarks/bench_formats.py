@@ -7,8 +7,8 @@ them, so the input is ordinary data: Gaussian values times 100.
 """
 import torch
 
-from mpcourse.benchmark import compare
-from mpcourse.formats import BF16, FP8_E4M3, FP16, round_to
+from mpcourse.machine.benchmark import compare
+from mpcourse.numbers.formats import BF16, FP8_E4M3, FP16, round_to
 
 N = 1 << 24
 TARGET = 3.0

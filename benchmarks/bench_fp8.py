@@ -8,8 +8,8 @@ is what a learner waits for in lesson 07; the speed of real FP8 needs an FP8 GPU
 import torch
 from torch import nn
 
-from mpcourse.benchmark import compare
-from mpcourse.fp8 import Fp8Linear
+from mpcourse.machine.benchmark import compare
+from mpcourse.lowbit.fp8 import Fp8Linear
 
 SHAPES = [(256, 32, 96), (2048, 256, 1024)]   # (tokens, in_features, out_features)
 

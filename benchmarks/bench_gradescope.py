@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT))
-from mpcourse.grading.exercise import find_solutions  # noqa: E402
+from mpcourse.grading.judging.exercise import find_solutions  # noqa: E402
 from mpcourse.grading.platforms.gradescope_zip import build_autograder  # noqa: E402
 
 

@@ -20,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from mpcourse.benchmark import compare
-from mpcourse.grading import judge
+from mpcourse.machine.benchmark import compare
+from mpcourse.grading.judging import judge
 from mpcourse.grading.grader import Options, grade_submission, load_exercises
-from mpcourse.grading.isolation import choose_isolation
-from mpcourse.grading.limits import Budget, Limits
-from mpcourse.grading.sandbox import Sandbox
+from mpcourse.grading.sandbox.isolation import choose_isolation
+from mpcourse.grading.sandbox.limits import Budget, Limits
+from mpcourse.grading.sandbox.sandbox import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PER_MINUTE = 30

@@ -6,7 +6,7 @@
    bf16 is accelerated the lab is sized so that this ratio is clearly above 1 (issue 14: at
    least 1.5x); where it is emulated the lab stays small and bf16 loses.
 3. With `--record`, whole runs of fp32 and bf16 at `LESSON_CPU_MATMUL_CONFIG` (three of each,
-   alternating, median tokens/s), printed as the `REFERENCE` to store in mpcourse/lab_size.py.
+   alternating, median tokens/s), printed as the `REFERENCE` to store in mpcourse/train/sizing.py.
    Record it on a machine that accelerates bf16, with the threads the lesson uses (`--threads 1`).
 
     python benchmarks/bench_lab_size.py [--threads N] [--record]
@@ -20,9 +20,9 @@ import warnings
 
 import torch
 
-from mpcourse import hardware
-from mpcourse.benchmark import compare
-from mpcourse.lab_size import lab_size
+from mpcourse.machine import hardware
+from mpcourse.machine.benchmark import compare
+from mpcourse.train.sizing import lab_size
 from mpcourse.train import LESSON_CPU_MATMUL_CONFIG, train
 
 from bench_train import one_step  # benchmarks/ is on the path when a benchmark runs as a script
@@ -90,7 +90,7 @@ def main():
     print(f"   fp32 {tokens / result.seconds_a:,.0f} tokens/s, bf16 {tokens / result.seconds_b:,.0f} "
           f"tokens/s: bf16 runs at {1 / result.ratio:.2f}x fp32's tokens/s")
     if args.record:
-        print(f"\n3. whole runs at LESSON_CPU_MATMUL_CONFIG, to store in mpcourse/lab_size.py:\n"
+        print(f"\n3. whole runs at LESSON_CPU_MATMUL_CONFIG, to store in mpcourse/train/sizing.py:\n"
               f"{record(LESSON_CPU_MATMUL_CONFIG)}")
 
 

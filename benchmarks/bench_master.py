@@ -2,12 +2,12 @@
 
 Both run the same AdamW update on FP32 tensors; the master-weight step also rounds every
 master into its 16-bit working copy. The FP16 -> FP32 gradient copy happens during backward
-(see mpcourse.master) and is timed separately below, so nothing is hidden.
+(see mpcourse.amp.master) and is timed separately below, so nothing is hidden.
 """
 import torch
 
-from mpcourse.master import MasterWeightOptimizer
-from mpcourse.benchmark import compare, measure
+from mpcourse.amp.master import MasterWeightOptimizer
+from mpcourse.machine.benchmark import compare, measure
 
 SHAPES = [(1024, 1024)] * 4 + [(1024,)] * 4   # about 4.2 million parameters
 

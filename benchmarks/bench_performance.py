@@ -11,8 +11,8 @@ It also prints the bandwidth the FP32 add reached, the CPU's side of the rooflin
 """
 import torch
 
-from mpcourse.benchmark import compare
-from mpcourse.performance import elementwise_work, matmul_work
+from mpcourse.machine.benchmark import compare
+from mpcourse.machine.performance import elementwise_work, matmul_work
 
 N = 1 << 24
 MATMUL_N = 1024

@@ -8,8 +8,8 @@ does. Both produce the same bits (tests/test_scaling.py).
 """
 import torch
 
-from mpcourse.scaling import GradScaler
-from mpcourse.benchmark import compare
+from mpcourse.amp.scaling import GradScaler
+from mpcourse.machine.benchmark import compare
 
 SHAPES = [(512, 512)] * 8 + [(512,)] * 8   # 16 tensors, about 2.1 million values
 

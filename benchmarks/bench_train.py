@@ -12,10 +12,10 @@ import math
 
 import torch
 
-from mpcourse import hardware
-from mpcourse.benchmark import compare
-from mpcourse.data import Batches, MarkovText
-from mpcourse.models import GPT, next_token_loss
+from mpcourse.machine import hardware
+from mpcourse.machine.benchmark import compare
+from mpcourse.train.data import Batches, MarkovText
+from mpcourse.train.models import GPT, next_token_loss
 from mpcourse.train import LESSON_CPU_CONFIG, train
 
 CONFIG = dataclasses.replace(LESSON_CPU_CONFIG, device="cpu")

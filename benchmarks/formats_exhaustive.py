@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from mpcourse.formats import ALL_FORMATS, BF16, FP16, round_to
+from mpcourse.numbers.formats import ALL_FORMATS, BF16, FP16, round_to
 
 CHUNK = 1 << 24
 

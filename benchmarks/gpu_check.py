@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/gpu_check.py            # needs a CUDA GPU
     .venv/bin/python benchmarks/gpu_check.py --smoke    # a tiny run of the same code, any device
 
-On a GPU it runs at the lab's size for that GPU (`mpcourse.lab_size`: the batch that fits its
+On a GPU it runs at the lab's size for that GPU (`mpcourse.train.sizing`: the batch that fits its
 memory) every precision the GPU can run, and prints a dated table to paste into the README and
-lesson 06. Peaks come from the GPU class's datasheet figures in `mpcourse.gpus`.
+lesson 06. Peaks come from the GPU class's datasheet figures in `mpcourse.machine.gpus`.
 
 Precisions: fp32 with TF32 off (the baseline), tf32, bf16 autocast, fp16 autocast with dynamic
 loss scaling. MFU (model FLOPs utilisation) is the model's training FLOPs per second,
@@ -19,16 +19,16 @@ import sys
 
 import torch
 
-from mpcourse import gpus, hardware
-from mpcourse.lab_size import lab_size
-from mpcourse.models import GPT
-from mpcourse.precision import RUN_PRECISIONS
+from mpcourse.machine import gpus, hardware
+from mpcourse.train.sizing import lab_size
+from mpcourse.train.models import GPT
+from mpcourse.numbers.precision import RUN_PRECISIONS
 from mpcourse.train import LESSON_CPU_CONFIG, train
 from mpcourse.views.runs import RunComparison
 
 
 def peak_flops(device_name: str) -> dict[str, float] | None:
-    """The GPU class's dense datasheet peaks (mpcourse.gpus), or None for a GPU not in its table."""
+    """The GPU class's dense datasheet peaks (mpcourse.machine.gpus), or None for a GPU not in its table."""
     gpu = gpus.identify(device_name)
     return gpu.device.peak_flops if gpu else None
 

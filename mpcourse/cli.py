@@ -9,12 +9,12 @@ import argparse
 import os
 import sys
 
-from mpcourse.grading.commands import add_instructor_commands
+from mpcourse.grading.instructor.commands import add_instructor_commands
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from mpcourse.hardware import format_report, report
-    from mpcourse.lab_size import lab_size
+    from mpcourse.machine.hardware import format_report, report
+    from mpcourse.train.sizing import lab_size
     try:
         print(format_report(report()))
         print("\n" + _describe_lab_size(lab_size()))
@@ -71,7 +71,7 @@ def _progress(total: int, label: str, initial: int = 0):
 def _lab_size(args: argparse.Namespace):
     """The lab's size on the chosen device (measured once), and why, said on stderr; sets --threads."""
     import torch
-    from mpcourse.lab_size import lab_size
+    from mpcourse.train.sizing import lab_size
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {args.threads}")
@@ -230,7 +230,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_train_options(train: argparse.ArgumentParser) -> None:
-    from mpcourse.precision import RUN_PRECISIONS
+    from mpcourse.numbers.precision import RUN_PRECISIONS
     train.add_argument("--precision", choices=RUN_PRECISIONS, default="fp32",
                        help="(default: %(default)s)")
     _add_run_options(train)

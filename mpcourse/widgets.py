@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import ipywidgets as widgets
 
-from mpcourse.lab_size import lab_size
-from mpcourse.precision import RUN_PRECISIONS
+from mpcourse.train.sizing import lab_size
+from mpcourse.numbers.precision import RUN_PRECISIONS
 from mpcourse.train import AUTOCASTS, RunConfig, RunResult, StepInfo, fit_to_hardware, train
 from mpcourse.views.runs import html_table, plot_losses
 
@@ -52,7 +52,7 @@ class ControlPanel:
     `ControlPanel().widget` is what a notebook displays. Each click of Run trains one
     configuration, redraws the loss curves as it goes, and appends a row to `results_table`
     (an HTML <table>), so runs can be compared side by side. Without a `base` configuration the
-    panel starts at the lab's size for this machine (`mpcourse.lab_size`) and says why.
+    panel starts at the lab's size for this machine (`mpcourse.train.sizing`) and says why.
     """
 
     def __init__(self, base: RunConfig | None = None, max_d_model: int = 256,

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from mpcourse.grading import grader
-from mpcourse.grading.exercise import exercise_id, load_exercise
-from mpcourse.grading.limits import WALL_FACTOR, Budget
+from mpcourse.grading.judging.exercise import exercise_id, load_exercise
+from mpcourse.grading.sandbox.limits import WALL_FACTOR, Budget
 
 ROOT = Path(__file__).resolve().parents[1]
 

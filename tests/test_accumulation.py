@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from mpcourse.accumulation import error_against_k
-from mpcourse.blockscale import PER_TENSOR, Quantized, quantize
-from mpcourse.scaled_matmul import Accumulator, scaled_matmul
+from mpcourse.lowbit.accumulation import error_against_k
+from mpcourse.lowbit.blockscale import PER_TENSOR, Quantized, quantize
+from mpcourse.lowbit.matmul import Accumulator, scaled_matmul
 
 
 def operands(k, seed=0):

@@ -1,4 +1,4 @@
-"""mpcourse.autocast against torch.autocast: the tables, the dtypes, the values, the casts."""
+"""mpcourse.amp.autocast against torch.autocast: the tables, the dtypes, the values, the casts."""
 import copy
 import re
 import subprocess
@@ -13,9 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import mpcourse
-from mpcourse.autocast import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
-                               CATEGORY_PROMOTE, RUNS_AS, explain_op, policy_for, profiled_casts,
-                               registered_ops)
+from mpcourse.amp.autocast_mode import (CATEGORIES, CATEGORY_FP32, CATEGORY_LOWER_PRECISION,
+                                         CATEGORY_PROMOTE, RUNS_AS, explain_op, policy_for, profiled_casts,
+                                         registered_ops)
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -199,7 +199,7 @@ def test_output_dtype_and_values_match_torch_autocast(name, low):
     torch.manual_seed(0)
     for variant, inputs in _variants(make, low):
         theirs = _run(torch.autocast("cpu", dtype=low), fn, inputs)
-        ours = _run(mpcourse.autocast("cpu", dtype=low), fn, inputs)
+        ours = _run(mpcourse.amp.autocast("cpu", dtype=low), fn, inputs)
         _assert_same(ours, theirs, low, f"{name} on {variant} inputs under {low}")
 
 
@@ -226,7 +226,7 @@ def test_promote_special_cases_match_torch(low):
     }
     for label, inputs in cases.items():
         theirs = _run(torch.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
-        ours = _run(mpcourse.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
+        ours = _run(mpcourse.amp.autocast("cpu", dtype=low), lambda *t: torch.cat(t), inputs)
         _assert_same(ours, theirs, low, f"cat, {label}")
 
 
@@ -274,7 +274,7 @@ def test_calls_rewritten_in_cpp_match_torch_autocast(name, low):
     torch.manual_seed(0)
     for variant, inputs in _variants(make, low):
         theirs = _run(torch.autocast("cpu", dtype=low), fn, inputs)
-        ours = _run(mpcourse.autocast("cpu", dtype=low), fn, inputs)
+        ours = _run(mpcourse.amp.autocast("cpu", dtype=low), fn, inputs)
         _assert_same(ours, theirs, low, f"{name} on {variant} inputs under {low}")
 
 
@@ -320,7 +320,7 @@ def test_rnns_on_fp32_cpu_input_run_as_onednn_in_the_autocast_dtype(name, low):
     """
     torch.manual_seed(0)
     module, x = RNNS[name](), torch.randn(5, 3, 4)
-    ours = _rnn_run(mpcourse.autocast("cpu", dtype=low), module, x)
+    ours = _rnn_run(mpcourse.amp.autocast("cpu", dtype=low), module, x)
     assert ours[0].dtype == low and all(g.dtype == torch.float32 for g in ours[2])
     by_hand = copy.deepcopy(module).to(low)
     expected, _ = by_hand(x.to(low))
@@ -340,7 +340,7 @@ def test_rnns_without_onednn_stay_in_their_input_dtype_like_torch():
     enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)  # (mkldnn.flags() would also warn about Intel GPUs)
     try:
-        ours = _rnn_run(mpcourse.autocast("cpu"), module, x)
+        ours = _rnn_run(mpcourse.amp.autocast("cpu"), module, x)
         theirs = _rnn_run(torch.autocast("cpu"), module, x)
     finally:
         torch._C._set_mkldnn_enabled(enabled)
@@ -348,7 +348,7 @@ def test_rnns_without_onednn_stay_in_their_input_dtype_like_torch():
     packed = nn.utils.rnn.pack_padded_sequence(x, [5, 4, 2])
     with torch.autocast("cpu"):
         theirs = module(packed)[0].data.dtype
-    with mpcourse.autocast("cpu"):
+    with mpcourse.amp.autocast("cpu"):
         assert module(packed)[0].data.dtype == theirs
 
 
@@ -363,13 +363,13 @@ COMPOSITES = {  # C++ composites whose inner matmuls torch casts and a TorchFunc
 @pytest.mark.parametrize("low", LOW_DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(COMPOSITES))
 def test_limit_composites_agree_in_dtype_and_differ_by_16_bit_rounding(name, low):
-    """A documented limit (mpcourse.autocast's docstring, lesson 03): same dtype, close values."""
+    """A documented limit (mpcourse.amp.autocast's docstring, lesson 03): same dtype, close values."""
     make, call = COMPOSITES[name]
     torch.manual_seed(0)
     module, x = make(), torch.randn(5, 3, 4)
     with torch.autocast("cpu", dtype=low):
         theirs = call(module, x)
-    with mpcourse.autocast("cpu", dtype=low):
+    with mpcourse.amp.autocast("cpu", dtype=low):
         ours = call(module, x)
     assert ours.dtype == theirs.dtype
     torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-2)
@@ -378,12 +378,12 @@ def test_limit_composites_agree_in_dtype_and_differ_by_16_bit_rounding(name, low
 def test_ineligible_inputs_and_out_variants_are_left_alone():
     a, b = torch.randn(3, 3), torch.randn(3, 3)
     for inputs in [(a.double(), b.double()), (a.long(), b.long())]:
-        with mpcourse.autocast("cpu"):
+        with mpcourse.amp.autocast("cpu"):
             assert torch.mm(*inputs).dtype == inputs[0].dtype
     out = torch.empty(3, 3)
     with torch.autocast("cpu"):
         theirs = torch.mm(a, b, out=out.clone()).dtype
-    with mpcourse.autocast("cpu"):
+    with mpcourse.amp.autocast("cpu"):
         ours = torch.mm(a, b, out=out).dtype
     assert ours == theirs == torch.float32
 
@@ -394,7 +394,7 @@ def test_multihead_attention_module_matches():
     x = torch.randn(2, 5, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         theirs = mha(x, x, x, need_weights=True)
-    with mpcourse.autocast("cpu", dtype=torch.bfloat16):
+    with mpcourse.amp.autocast("cpu", dtype=torch.bfloat16):
         ours = mha(x, x, x, need_weights=True)
     for o, t in zip(ours, theirs):
         _assert_same(o, t, torch.bfloat16, "MultiheadAttention")
@@ -426,7 +426,7 @@ def test_transformer_training_step_gradients_match(low):
     g = torch.Generator().manual_seed(1)
     tokens, targets = torch.randint(0, 40, (2, 6), generator=g), torch.randint(0, 40, (2, 6), generator=g)
     loss_t, theirs = _grads_after_step(model, torch.autocast("cpu", dtype=low), tokens, targets)
-    loss_m, ours = _grads_after_step(model, mpcourse.autocast("cpu", dtype=low), tokens, targets)
+    loss_m, ours = _grads_after_step(model, mpcourse.amp.autocast("cpu", dtype=low), tokens, targets)
     assert loss_m.dtype == loss_t.dtype == torch.float32
     torch.testing.assert_close(loss_m, loss_t)
     assert ours.keys() == theirs.keys()
@@ -439,7 +439,7 @@ def test_backward_runs_in_the_forward_dtype_and_returns_fp32_grads():
     w = torch.randn(4, 4, requires_grad=True)
     x = torch.randn(3, 4)
     seen = []
-    with mpcourse.autocast("cpu"):
+    with mpcourse.amp.autocast("cpu"):
         y = x @ w
     y.register_hook(lambda grad: seen.append(grad.dtype))
     y.float().sum().backward()
@@ -465,14 +465,14 @@ def _nested(ctx):
 
 
 def test_nested_and_disabled_regions_match_torch():
-    assert _nested(mpcourse.autocast) == _nested(torch.autocast)
-    assert _nested(mpcourse.autocast)[:3] == [torch.bfloat16, torch.float32, torch.float16]
+    assert _nested(mpcourse.amp.autocast) == _nested(torch.autocast)
+    assert _nested(mpcourse.amp.autocast)[:3] == [torch.bfloat16, torch.float32, torch.float16]
 
 
 def test_an_exception_inside_the_region_leaves_autocast_off():
-    from mpcourse.autocast import _state
+    from mpcourse.amp.autocast_mode import _state
     with pytest.raises(ZeroDivisionError):
-        with mpcourse.autocast("cpu"):
+        with mpcourse.amp.autocast("cpu"):
             1 / 0
     a = torch.randn(2, 2)
     assert torch.mm(a, a).dtype == torch.float32
@@ -494,7 +494,7 @@ def test_weight_cache_casts_like_torch(cache_enabled):
             return layer(layer(x)) + layer(x)  # weight and bias used three times, x twice
 
     theirs = _to_copy_count(lambda: forward(torch.autocast("cpu", cache_enabled=cache_enabled)))
-    region = mpcourse.autocast("cpu", cache_enabled=cache_enabled, trace=True)
+    region = mpcourse.amp.autocast("cpu", cache_enabled=cache_enabled, trace=True)
     ours = _to_copy_count(lambda: forward(region))
     new_casts = sum(n for n, _ in region.trace.casts().values())
     assert ours == theirs == new_casts
@@ -519,7 +519,7 @@ def test_profiled_casts_of_a_transformer_block_match_the_trace():
             block(x)
 
     theirs = profiled_casts(lambda: run(torch.autocast("cpu")))
-    region = mpcourse.autocast("cpu", trace=True)
+    region = mpcourse.amp.autocast("cpu", trace=True)
     ours = profiled_casts(lambda: run(region))
     assert _by_shape(theirs) == _by_shape(ours)
     autocast_casts = sum(n for (caller, _), n in theirs.items() if caller == "aten::linear")
@@ -528,14 +528,14 @@ def test_profiled_casts_of_a_transformer_block_match_the_trace():
 
 
 def test_weight_cache_is_emptied_on_exit_of_the_outermost_region():
-    from mpcourse.autocast import _state
+    from mpcourse.amp.autocast_mode import _state
     layer = nn.Linear(4, 4)
-    with mpcourse.autocast("cpu"):
-        with mpcourse.autocast("cpu"):
+    with mpcourse.amp.autocast("cpu"):
+        with mpcourse.amp.autocast("cpu"):
             layer(torch.randn(2, 4))
         assert len(_state.cache) == 2  # inner exit keeps it, as torch does
     assert _state.cache == {}
-    with mpcourse.autocast("cpu", trace=True) as region:
+    with mpcourse.amp.autocast("cpu", trace=True) as region:
         layer(torch.randn(2, 4))
     assert region.trace.cache_hits() == 0 and len(region.trace.casts()) == 1
 
@@ -543,9 +543,9 @@ def test_weight_cache_is_emptied_on_exit_of_the_outermost_region():
 def test_cache_keeps_one_copy_per_dtype_in_nested_regions():
     """torch's cache is keyed by tensor only, so this layer(x) fails under nested torch.autocast."""
     layer, x = nn.Linear(4, 4), torch.randn(2, 4)
-    with mpcourse.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
+    with mpcourse.amp.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
         outer = layer(x)
-        with mpcourse.autocast("cpu", dtype=torch.float16):
+        with mpcourse.amp.autocast("cpu", dtype=torch.float16):
             inner = layer(x)
         again = layer(x)
     assert (outer.dtype, inner.dtype, again.dtype) == (torch.bfloat16, torch.float16, torch.bfloat16)
@@ -555,7 +555,7 @@ def test_cache_keeps_one_copy_per_dtype_in_nested_regions():
 def test_trace_records_category_dtypes_and_cast_bytes():
     w = torch.randn(16, 8, requires_grad=True)
     x = torch.randn(4, 8)
-    with mpcourse.autocast("cpu", trace=True) as region:
+    with mpcourse.amp.autocast("cpu", trace=True) as region:
         h = F.linear(x, w)
         p = F.softmax(h, dim=-1)
         out = torch.cat([p, torch.zeros(1, 16)])
@@ -605,11 +605,11 @@ def test_explain_op_gives_the_category_and_the_reason():
 def test_bad_device_type_and_names_raise_value_errors():
     for bad in ["tpu", "CPU", 3, None]:
         with pytest.raises(ValueError, match="device_type"):
-            mpcourse.autocast(bad)
+            mpcourse.amp.autocast(bad)
         with pytest.raises(ValueError, match="device_type"):
             policy_for(bad)
     with pytest.raises(ValueError, match="dtype"):
-        mpcourse.autocast("cpu", dtype="bf16")
+        mpcourse.amp.autocast("cpu", dtype="bf16")
     with pytest.raises(ValueError, match="category"):
         policy_for("cpu").ops("fp16")
     with pytest.raises(ValueError, match="op_name"):
@@ -624,7 +624,7 @@ def test_unsupported_cpu_dtype_warns_and_disables_like_torch(dtype):
         with torch.autocast("cpu", dtype=dtype):
             theirs = torch.mm(a, a).dtype
     with pytest.warns(UserWarning, match="Disabling autocast") as ours_warned:
-        region = mpcourse.autocast("cpu", dtype=dtype)
+        region = mpcourse.amp.autocast("cpu", dtype=dtype)
     with region:
         ours = torch.mm(a, a).dtype
     assert not region.enabled and ours == theirs == torch.float32
@@ -634,16 +634,16 @@ def test_unsupported_cpu_dtype_warns_and_disables_like_torch(dtype):
 def test_cuda_region_follows_torch_when_cuda_is_missing_or_present():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        region = mpcourse.autocast("cuda")
+        region = mpcourse.amp.autocast("cuda")
     assert region.enabled == torch.cuda.is_available()
     assert bool(caught) != torch.cuda.is_available()
 
 
 def test_package_exports_work_in_a_fresh_interpreter():
     code = ("import mpcourse, torch\n"
-            "from mpcourse.autocast import policy_for, explain_op, AutocastPolicy, registered_ops\n"
-            "assert isinstance(mpcourse.autocast, type)\n"
-            "with mpcourse.autocast('cpu'):\n"
+            "from mpcourse.amp.autocast_mode import policy_for, explain_op, AutocastPolicy, registered_ops\n"
+            "assert isinstance(mpcourse.amp.autocast, type)\n"
+            "with mpcourse.amp.autocast('cpu'):\n"
             "    y = torch.mm(torch.ones(2, 2), torch.ones(2, 2))\n"
             "assert y.dtype == torch.bfloat16\n"
             "assert mpcourse.policy_for('cuda').category('exp') == 'fp32'\n"
@@ -653,7 +653,7 @@ def test_package_exports_work_in_a_fresh_interpreter():
 
 
 def test_op_categories_and_explainers_have_names_no_format_shares():
-    autocast_module = sys.modules["mpcourse.autocast"]
+    autocast_module = sys.modules["mpcourse.amp.autocast_mode"]
     assert not hasattr(mpcourse, "explain") and not hasattr(autocast_module, "FP32")
     assert mpcourse.explain_op is explain_op and mpcourse.explain_value is not explain_op
     assert mpcourse.FP32.name == CATEGORY_FP32   # same word, different things
@@ -675,13 +675,13 @@ def test_weight_cache_under_inference_casts_like_torch(grad_mode):
             return layer(layer(layer(x)))
 
     theirs = _to_copy_count(lambda: forward(torch.autocast("cpu")))
-    region = mpcourse.autocast("cpu", trace=True)
+    region = mpcourse.amp.autocast("cpu", trace=True)
     ours = _to_copy_count(lambda: forward(region))
     assert ours == theirs == sum(n for n, _ in region.trace.casts().values())
     assert theirs == (3 if grad_mode == "no_grad" else 7)  # x once; weight and bias 1 or 3 times
 
 
-@pytest.mark.parametrize("region", [lambda: torch.autocast("cpu"), lambda: mpcourse.autocast("cpu")],
+@pytest.mark.parametrize("region", [lambda: torch.autocast("cpu"), lambda: mpcourse.amp.autocast("cpu")],
                          ids=["torch", "mpcourse"])
 def test_a_weight_cast_cached_under_no_grad_still_carries_its_gradient(region):
     layer, x = nn.Linear(4, 4), torch.randn(2, 4)
@@ -693,7 +693,7 @@ def test_a_weight_cast_cached_under_no_grad_still_carries_its_gradient(region):
     assert y.dtype == torch.bfloat16 and layer.weight.grad is not None
 
 
-@pytest.mark.parametrize("region", [lambda: torch.autocast("cpu"), lambda: mpcourse.autocast("cpu")],
+@pytest.mark.parametrize("region", [lambda: torch.autocast("cpu"), lambda: mpcourse.amp.autocast("cpu")],
                          ids=["torch", "mpcourse"])
 def test_a_region_does_not_reach_another_thread(region):
     import threading
@@ -712,7 +712,7 @@ def test_a_region_does_not_reach_another_thread(region):
 
 
 def test_call_path_shows_where_each_autocast_casts():
-    from mpcourse.autocast import call_path
+    from mpcourse.amp.autocast_mode import call_path
     a, w = torch.randn(2, 3), torch.randn(3, 4, requires_grad=True)
 
     def mm_under(region):
@@ -726,7 +726,7 @@ def test_call_path_shows_where_each_autocast_casts():
     assert mm_under(torch.autocast("cpu")) == [("python", "mm", (f32, f32), b16), cast, cast,
                                                ("kernel", "mm", (b16, b16), b16)]
     python_cast = ("python", "to", (f32,), b16)
-    assert mm_under(mpcourse.autocast("cpu")) == [python_cast, cast, python_cast, cast,
+    assert mm_under(mpcourse.amp.autocast("cpu")) == [python_cast, cast, python_cast, cast,
                                                   ("python", "mm", (b16, b16), b16),
                                                   ("kernel", "mm", (b16, b16), b16)]
     assert mm_under(torch.autocast("cpu", enabled=False)) == [
@@ -746,7 +746,7 @@ def test_torch_shares_its_weight_cache_between_threads_and_ours_does_not():
             except RuntimeError as error:
                 seen[name] = str(error)
 
-    for region in (torch.autocast, mpcourse.autocast):
+    for region in (torch.autocast, mpcourse.amp.autocast):
         with region("cpu", dtype=torch.bfloat16):
             torch.mm(left, shared)  # caches a BF16 copy of `shared`
             for name, kwargs in ((region.__module__, {}), (region.__module__ + " no cache",
@@ -756,4 +756,4 @@ def test_torch_shares_its_weight_cache_between_threads_and_ours_does_not():
                 worker.join()
     assert "same dtype" in seen["torch.amp.autocast_mode"]
     assert seen["torch.amp.autocast_mode no cache"] == torch.float16
-    assert seen["mpcourse.autocast"] == seen["mpcourse.autocast no cache"] == torch.float16
+    assert seen["mpcourse.amp.autocast_mode"] == seen["mpcourse.amp.autocast_mode no cache"] == torch.float16

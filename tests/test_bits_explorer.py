@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from mpcourse.bits_explorer import (BitsExplorer, explorer_html, explorer_rows, explorer_text,
-                                    outcome, parse_number)
-from mpcourse.formats import BF16, FORMATS, FP8_E4M3, FP16, FloatFormat
+from mpcourse.numbers.bits_explorer import (BitsExplorer, explorer_html, explorer_rows, explorer_text,
+                                             outcome, parse_number)
+from mpcourse.numbers.formats import BF16, FORMATS, FP8_E4M3, FP16, FloatFormat
 
 CODE_DTYPE = {torch.float32: torch.int32, torch.float16: torch.int16,
               torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8,

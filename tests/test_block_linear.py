@@ -5,12 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from mpcourse.block_linear import (RECIPES_BY_NAME, BlockScaledLinear, BlockScaledRunConfig,
-                                   LinearRecipe, OutlierRunConfig, add_outlier_feature, convert_to_block_scaled, hadamard_along_columns,
-                                   linear_operands, random_hadamard, weight_for_both_passes)
-from mpcourse.blockscale import MXFP8_E4M3, NVFP4, NVFP4_16x16, fake_quantize
-from mpcourse.models import GPT, GPTConfig
-from mpcourse.stochastic import stochastic_round
+from mpcourse.lowbit.linears import (RECIPES_BY_NAME, BlockScaledLinear, LinearRecipe, add_outlier_feature,
+                                      convert_to_block_scaled, hadamard_along_columns, random_hadamard,
+                                      weight_for_both_passes)
+from mpcourse.train.variants.block_scaled import BlockScaledRunConfig, OutlierRunConfig, linear_operands
+from mpcourse.lowbit.blockscale import MXFP8_E4M3, NVFP4, NVFP4_16x16, fake_quantize
+from mpcourse.train.models import GPT, GPTConfig
+from mpcourse.optim.stochastic import stochastic_round
 from mpcourse.train import RunConfig, train
 
 

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse.blockscale import (AMAX_FLOOR, BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP6_E2M3,
-                                 MXFP8_E4M3, MXFP8_E4M3_RCEIL, MXFP8_E5M2, NVFP4, NVFP4_16x16,
-                                 PER_ROW, PER_TENSOR, RECIPES, TILE_1x128, BlockScaling,
-                                 block_amax, fake_quantize, mx_scale, nvfp4_tensor_scale,
-                                 quantize, snr_db)
-from mpcourse.formats import FP4_E2M1, FP8_E4M3, FP8_E8M0
+from mpcourse.lowbit.blockscale import (AMAX_FLOOR, BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP6_E2M3,
+                                         MXFP8_E4M3, MXFP8_E4M3_RCEIL, MXFP8_E5M2, NVFP4, NVFP4_16x16,
+                                         PER_ROW, PER_TENSOR, RECIPES, TILE_1x128, BlockScaling, block_amax,
+                                         fake_quantize, mx_scale, nvfp4_tensor_scale, quantize, snr_db)
+from mpcourse.numbers.formats import FP4_E2M1, FP8_E4M3, FP8_E8M0
 
 MX = (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP4)
 

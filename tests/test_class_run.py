@@ -24,7 +24,8 @@ import nbformat
 import pytest
 from grading_budgets import backstop, program_backstop
 
-from mpcourse.grading.exercise import BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION, load_exercise
+from mpcourse.grading.judging.exercise import (BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION,
+                                                load_exercise)
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 

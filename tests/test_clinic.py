@@ -10,12 +10,13 @@ import warnings
 import pytest
 import torch
 
-from mpcourse import clinic, hardware
+from mpcourse import clinic
+from mpcourse.machine import hardware
 from mpcourse.clinic import format_cases
 from mpcourse.clinic.case import diagnosed
-from mpcourse.formats import BF16
-from mpcourse.inspect_value import neighbours
-from mpcourse.precision import PrecisionSupport
+from mpcourse.numbers.formats import BF16
+from mpcourse.numbers.inspect_value import neighbours
+from mpcourse.numbers.precision import PrecisionSupport
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_case_09_stale_cache_freezes_the_forward_and_fresh_regions_train(cases):
     before, after = cases[9].before, cases[9].after
     assert before["distinct_losses"] == 1 and before["first_loss"] == before["last_loss"]
     assert before["true_final_loss"] > 2 * before["first_loss"], "the real weights drifted away"
-    assert before["mpcourse_autocast_same"], "mpcourse.autocast's cache must go stale the same way"
+    assert before["mpcourse_autocast_same"], "mpcourse.amp.autocast's cache must go stale the same way"
     assert after["first_loss"] == before["first_loss"]
     assert after["last_loss"] < 0.8 * after["first_loss"]
     assert after["true_final_loss"] == pytest.approx(after["last_loss"], rel=0.05)

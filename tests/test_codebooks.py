@@ -7,8 +7,8 @@ import torch
 from torchao.optim.quant_utils import (create_dynamic_map, dequant_with_qmap,  # the reference
                                        quantize_8bit_with_qmap, scale_tensor)
 
-from mpcourse.codebooks import dequantize_blockwise, dynamic_code, quantize_blockwise
-from mpcourse.formats import FP8_E4M3, FP8_E5M2, round_to
+from mpcourse.optim.codebooks import dequantize_blockwise, dynamic_code, quantize_blockwise
+from mpcourse.numbers.formats import FP8_E4M3, FP8_E5M2, round_to
 
 
 @pytest.mark.parametrize("signed", [True, False])

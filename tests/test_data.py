@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mpcourse.data import Batches, MarkovText
+from mpcourse.train.data import Batches, MarkovText
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens():

@@ -12,10 +12,10 @@ from torch import nn  # noqa: E402
 
 import mpcourse  # noqa: E402
 from mpcourse.distributed import wire_bytes, wire_bytes_of_payload  # noqa: E402
-from mpcourse.fp8 import Fp8Linear  # noqa: E402
-from mpcourse.recipe_step import step_dtypes  # noqa: E402
-from mpcourse.scaling_experiments import scale_trace  # noqa: E402
-from mpcourse.update_walk import master_walk  # noqa: E402
+from mpcourse.lowbit.fp8 import Fp8Linear  # noqa: E402
+from mpcourse.amp.recipe_step import step_dtypes  # noqa: E402
+from mpcourse.amp.scaling_experiments import scale_trace  # noqa: E402
+from mpcourse.amp.update_walk import master_walk  # noqa: E402
 from mpcourse.views import dataflow_diagrams as flows  # noqa: E402
 from mpcourse.views import diagrams  # noqa: E402
 
@@ -166,7 +166,7 @@ def test_autocast_blocks_are_coloured_by_the_traced_dtypes():
     torch.manual_seed(0)
     block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
     x = torch.randn(2, 8, 32)
-    with mpcourse.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
+    with mpcourse.amp.autocast("cpu", dtype=torch.bfloat16, trace=True) as region:
         y = block(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert block(x).dtype == y.dtype
@@ -278,7 +278,7 @@ def fake_process_group():
 def test_wire_bytes_agree_with_what_real_fsdp2_hands_to_collectives(fake_process_group):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from mpcourse.distributed import CollectiveCounter
-    from mpcourse.models import Block, GPTConfig
+    from mpcourse.train.models import Block, GPTConfig
     config = GPTConfig(d_model=32, n_heads=4)
     torch.manual_seed(0)
     model = nn.Sequential(Block(config), Block(config))
@@ -306,7 +306,7 @@ def test_collective_timeline_labels_carry_the_wire_bytes():
                                                             "all_gather_backward"))
     assert (fsdp, gathers) == (3, 6)
     assert sum(1 for p in bottom.patches if p.get_gid() == "all_reduce") == 3
-    from mpcourse.models import Block, GPTConfig
+    from mpcourse.train.models import Block, GPTConfig
     n = sum(p.numel() for p in Block(GPTConfig()).parameters())
     total = 3 * sum(wire_bytes("fsdp2", n, 4).values())
     assert f"{total / 1e3:.0f} kB" in top.get_title()
@@ -315,7 +315,7 @@ def test_collective_timeline_labels_carry_the_wire_bytes():
 
 
 def test_collective_timeline_draws_the_blocks_of_the_model_it_is_given():
-    from mpcourse.models import Block, GPTConfig
+    from mpcourse.train.models import Block, GPTConfig
     config = GPTConfig(d_model=32, n_heads=2, n_layers=3)
     top, bottom = flows.collective_timeline(world_size=2, model_config=config).axes
     assert sum(1 for p in top.patches if p.get_gid() == "reduce_scatter") == config.n_layers

@@ -17,7 +17,7 @@ from matplotlib.colors import to_hex
 from mpcourse.distributed import (DistributedRun, DistributedRunConfig, check_nproc, collective_results,
                                   compress_hook, launch, memory_per_rank, run_for_precision, sharding_policy,
                                   simulated_reduce, torchrun_command, wire_bytes)
-from mpcourse.models import GPT
+from mpcourse.train.models import GPT
 from mpcourse.train import RunConfig, train
 from mpcourse.views.diagrams import DTYPE_COLOURS
 from mpcourse.views.distributed import collectives_picture, format_results, plot_wire_bytes

@@ -12,9 +12,9 @@ import nbformat
 import pytest
 import torch
 
-from mpcourse.formats import BF16
-from mpcourse.grading.release import STUB
-from mpcourse.stochastic import stochastic_round
+from mpcourse.numbers.formats import BF16
+from mpcourse.grading.judging.release import STUB
+from mpcourse.optim.stochastic import stochastic_round
 
 ROOT = Path(__file__).resolve().parents[1]
 EX11 = "ex11_stochastic_rounding"

@@ -19,14 +19,15 @@ import nbformat
 import pytest
 import torch
 
-from mpcourse import blockscale
-from mpcourse.blockscale import MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL, fake_quantize, snr_db
-from mpcourse.formats import FP4_E2M1
-from mpcourse.saturation import clipped_share
-from mpcourse.update_walk import walk
+from mpcourse.lowbit import blockscale
+from mpcourse.lowbit.blockscale import (MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL, fake_quantize,
+                                         snr_db)
+from mpcourse.numbers.formats import FP4_E2M1
+from mpcourse.lowbit.saturation import clipped_share
+from mpcourse.amp.update_walk import walk
 
-from mpcourse.grading.exercise import BEGIN_SOLUTION, END_SOLUTION, without_markers
-from mpcourse.grading.release import STUB
+from mpcourse.grading.judging.exercise import BEGIN_SOLUTION, END_SOLUTION, without_markers
+from mpcourse.grading.judging.release import STUB
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 

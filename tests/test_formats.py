@@ -1,4 +1,4 @@
-"""mpcourse.formats against torch's own casts, bit for bit."""
+"""mpcourse.numbers.formats against torch's own casts, bit for bit."""
 import math
 
 import pytest
@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.formats import (ALL_FORMATS, BF16, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
-                              FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, TF32, FloatFormat,
-                              round_to)
-from mpcourse.inspect_value import explain_value, neighbours
+from mpcourse.numbers.formats import (ALL_FORMATS, BF16, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
+                                       FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, TF32, FloatFormat,
+                                       round_to)
+from mpcourse.numbers.inspect_value import explain_value, neighbours
 
 LOW_PRECISION = (FP16, BF16, FP8_E4M3, FP8_E5M2)
 # Signed integer views with the width of each torch dtype, to read its bit patterns.

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpcourse.data import MarkovText
-from mpcourse.formats import BF16, FP8_E4M3, FP8_E5M2
-from mpcourse.fp8 import (CurrentScaling, DelayedScaling, Fp8EmulationWarning, Fp8Linear, Fp8RunConfig,
-                          amax, choose_backend, compute_scale, convert_to_fp8, fake_quantize,
-                          quantize)
-from mpcourse.models import GPT, GPTConfig
+from mpcourse.train.data import MarkovText
+from mpcourse.numbers.formats import BF16, FP8_E4M3, FP8_E5M2
+from mpcourse.lowbit.fp8 import (CurrentScaling, DelayedScaling, Fp8EmulationWarning, Fp8Linear, amax,
+                                  choose_backend, compute_scale, convert_to_fp8, fake_quantize, quantize)
+from mpcourse.train.variants.fp8 import Fp8RunConfig
+from mpcourse.train.models import GPT, GPTConfig
 from mpcourse.train import RunConfig, train
 
 FORMATS = [FP8_E4M3, FP8_E5M2]

@@ -1,7 +1,7 @@
 """The GPU classes learners meet: what each accelerates, the lab's choice and size there, and what
 `mpcourse doctor` says, all with mocked device properties (no GPU is needed to run these).
 
-The expected facts are NVIDIA's (datasheets and architecture whitepapers, see mpcourse.gpus):
+The expected facts are NVIDIA's (datasheets and architecture whitepapers, see mpcourse.machine.gpus):
 tensor cores for FP16 from Volta/Turing (sm_70/75), for TF32 and BF16 from Ampere (sm_80), FP8
 from Ada and Hopper (sm_89, sm_90); a T4 runs bf16 only by emulation although torch reports it
 supported; a P100 has no tensor cores but runs packed FP16 at twice its FP32 rate.
@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mpcourse import gpus, hardware
+from mpcourse.machine import gpus, hardware
 from mpcourse.cli import main
-from mpcourse.lab_size import (GPU_MEMORY_FRACTION, GPU_MIN_STEPS, GPU_RUN_SECONDS, lab_size,
-                               predicted_step_seconds)
-from mpcourse.memory import transformer_memory
+from mpcourse.train.sizing import (GPU_MEMORY_FRACTION, GPU_MIN_STEPS, GPU_RUN_SECONDS, lab_size,
+                                    predicted_step_seconds)
+from mpcourse.memory.accounting import transformer_memory
 from mpcourse.train import LESSON_CUDA_CONFIG
 
 GiB = 2**30
@@ -83,7 +83,7 @@ def test_the_predicted_step_is_the_model_flops_over_the_assumed_share_of_the_pea
 
 
 def _gpt_on_meta(config):
-    from mpcourse.models import GPT
+    from mpcourse.train.models import GPT
     with torch.device("meta"):
         return GPT(config.model_config())
 
@@ -151,7 +151,7 @@ def test_names_that_look_alike_are_told_apart():
 @pytest.mark.parametrize("fast, compared", [((), ("fp32", "bf16")), (("bf16",), ("fp32", "bf16")),
                                             (("bf16", "fp16"), ("fp32", "bf16", "fp16"))])
 def test_on_a_cpu_the_lab_always_compares_bf16_to_show_what_emulation_costs(fast, compared):
-    from mpcourse.lab_size import LabSize
+    from mpcourse.train.sizing import LabSize
     assert LabSize(LESSON_CUDA_CONFIG, "cpu", fast, "").compare == compared
 
 

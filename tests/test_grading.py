@@ -19,12 +19,13 @@ import pytest
 import torch
 
 from grading_budgets import backstop, cpu_hogs, sandbox_processes, stop, submission_budget
-from mpcourse.grading import checkable, codec, gradebook
-from mpcourse.grading import selfcheck as check_module
-from mpcourse.grading.exercise import (BEGIN_HIDDEN, END_HIDDEN, HIDDEN_NOTE, check_line, is_check_cell,
-                                       load_exercise)
-from mpcourse.grading.release import release_all, release_notebook
-from mpcourse.grading.limits import Budget
+from mpcourse.grading import gradebook
+from mpcourse.grading.judging import checkable, codec
+from mpcourse.grading.judging import selfcheck as check_module
+from mpcourse.grading.judging.exercise import (BEGIN_HIDDEN, END_HIDDEN, HIDDEN_NOTE, check_line, is_check_cell,
+                                                load_exercise)
+from mpcourse.grading.judging.release import release_all, release_notebook
+from mpcourse.grading.sandbox.limits import Budget
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -340,9 +341,9 @@ def test_check_gives_the_graders_verdict_test_by_test(graded, name):
     cells, passes and fails the tests the grader passes and fails. check() runs what the learner
     sees: a test with hidden lines that it fails, the grader fails too; one it passes, the grader
     may still fail on the hidden lines (ex09_wrong_loops' loop A)."""
-    from mpcourse.grading.exercise import learner_cells
-    from mpcourse.grading.limits import Limits
-    from mpcourse.grading.sandbox import Sandbox
+    from mpcourse.grading.judging.exercise import learner_cells
+    from mpcourse.grading.sandbox.limits import Limits
+    from mpcourse.grading.sandbox.sandbox import Sandbox
     path = FIXTURES / f"{name}.ipynb"
     exercise = load_exercise(ROOT / "solutions" / f"{MANIFEST[name]['exercise']}.ipynb")
     deadline = submission_budget(exercise, f"check() on {name}")
@@ -366,8 +367,8 @@ def test_every_solution_checks_to_full_marks_without_its_file(path):
     """Each solution's cells run in a kernel whose working folder holds no notebook (the
     sandbox's, as Colab's), then its own check() cell: every visible test passes, from the tests
     the package ships."""
-    from mpcourse.grading.limits import Limits
-    from mpcourse.grading.sandbox import Sandbox
+    from mpcourse.grading.sandbox.limits import Limits
+    from mpcourse.grading.sandbox.sandbox import Sandbox
     exercise = load_exercise(path)
     (call,) = [c.source for c in nbformat.read(path, as_version=4).cells if is_check_cell(c)]
     deadline = submission_budget(exercise, f"check() of {path.stem} without its file")
@@ -493,17 +494,17 @@ def test_only_the_plain_value_of_a_number_subclass_crosses():
     ({"$": "tensor", "dtype": "os.system", "shape": [], "data": ""}, "not one that crosses"),
     ({"$": "tensor", "dtype": "float32", "shape": [1 << 40], "data": ""}, "too large"),
     ({"$": "dataclass", "classes": [["os", "system"]], "fields": {}}, "not a dataclass the grader knows"),
-    ({"$": "dataclass", "classes": [["mpcourse.memory", "MemoryBreakdown"]], "fields": {"x": 1}}, "fields"),
+    ({"$": "dataclass", "classes": [["mpcourse.memory.accounting", "MemoryBreakdown"]], "fields": {"x": 1}}, "fields"),
     ({"$": "dict", "items": [[[1], 2]]}, "unhashable"),
 ])
 def test_decoding_rejects_what_is_not_a_valid_encoding(data, problem):
-    import mpcourse.memory  # noqa: F401  the grader has loaded the modules its exercises import
+    import mpcourse.memory.accounting  # noqa: F401  the grader has loaded the modules its exercises import
     with pytest.raises(codec.MalformedData, match=problem):
         codec.decode(data)
 
 
 def test_dataclasses_of_modules_the_grader_loaded_are_rebuilt():
-    from mpcourse.memory import MemoryBreakdown
+    from mpcourse.memory.accounting import MemoryBreakdown
     breakdown = MemoryBreakdown(parameters=1, master_parameters=2, activations=3, gradients=4, optimizer_state=5)
     back = codec.decode(json.loads(json.dumps(codec.encode(breakdown))))
     assert type(back) is MemoryBreakdown and back == breakdown
@@ -536,8 +537,8 @@ def test_the_gradebook_is_replaced_atomically(tmp_path):
 def test_a_worker_computes_with_the_graders_kernel_settings(monkeypatch, sandboxed):
     """Behavioural tests compare the learner's run with the solution's reference run to float
     tolerance: the worker must pick the kernels and threads the grader's own processes pick."""
-    from mpcourse.grading.limits import Limits
-    from mpcourse.grading.sandbox import Sandbox
+    from mpcourse.grading.sandbox.limits import Limits
+    from mpcourse.grading.sandbox.sandbox import Sandbox
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MPCOURSE_NOT_FOR_THE_WORKER", "secret")

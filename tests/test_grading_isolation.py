@@ -23,12 +23,15 @@ import pytest
 import torch
 
 from grading_budgets import backstop, sandbox_processes
-from mpcourse.grading import class_run, codec, gradebook, grader, pool, seccomp
+from mpcourse.grading.instructor import class_run
+from mpcourse.grading.judging import codec
+from mpcourse.grading import gradebook, grader
+from mpcourse.grading.sandbox import pool, seccomp
 from mpcourse.grading.gradebook import SubmissionResult
-from mpcourse.grading.pool import grade_in_processes
-from mpcourse.grading.isolation import FIRST_UID
-from mpcourse.grading.limits import Budget, Limits
-from mpcourse.grading.sandbox import Sandbox, WorkerGone
+from mpcourse.grading.sandbox.pool import grade_in_processes
+from mpcourse.grading.sandbox.isolation import FIRST_UID
+from mpcourse.grading.sandbox.limits import Budget, Limits
+from mpcourse.grading.sandbox.sandbox import Sandbox, WorkerGone
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -174,9 +177,9 @@ def test_the_grader_stays_small_whatever_the_hostile_replies():
     process's own peak (its sandboxes not counted) grows by less than 300 MiB over its baseline."""
     script = textwrap.dedent(f'''
         import json, resource, time
-        from mpcourse.grading import judge
+        from mpcourse.grading.judging import judge
         from mpcourse.grading.grader import Options, grade_submission, load_exercises
-        from mpcourse.grading.limits import Budget, Limits
+        from mpcourse.grading.sandbox.limits import Budget, Limits
         exercises = load_exercises({str(ROOT / "solutions")!r})
         plans = {{"ex00": judge.calibrate(exercises["ex00"], Budget(300), Limits())}}
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -23,10 +23,11 @@ import torch
 
 from grading_budgets import backstop, program_backstop, submission_budget
 
-from mpcourse.grading import codec, grader, judge, watch
-from mpcourse.grading.exercise import (BEGIN_HIDDEN, END_HIDDEN, check_line, find_solutions, is_check_cell, learner_cells,
-                                       load_exercise)
-from mpcourse.grading.verdict import Quoted, quoted, run_test
+from mpcourse.grading import grader, watch
+from mpcourse.grading.judging import codec, judge
+from mpcourse.grading.judging.exercise import (BEGIN_HIDDEN, END_HIDDEN, check_line, find_solutions, is_check_cell,
+                                                learner_cells, load_exercise)
+from mpcourse.grading.judging.verdict import Quoted, quoted, run_test
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -80,8 +81,8 @@ def test_no_test_statement_or_reference_reaches_the_learners_process(key):
     """The learner's process records every source compiled from a string and every code object it
     executes; the grader records every message it sends there. Graded with the solution's own
     code, every test passes, and no line of any test, visible or hidden, is in either."""
-    from mpcourse.grading.limits import Limits
-    from mpcourse.grading.sandbox import Sandbox
+    from mpcourse.grading.sandbox.limits import Limits
+    from mpcourse.grading.sandbox.sandbox import Sandbox
     exercise = EXERCISES[key]
     deadline = submission_budget(exercise, f"the solution of {key}")
     sent = []
@@ -142,7 +143,7 @@ def test_numpy_values_keep_their_type_namedtuples_and_sets_are_plain_data():
 
 
 def test_a_subclass_of_an_expected_dataclass_arrives_as_that_dataclass():
-    from mpcourse.memory import MemoryBreakdown
+    from mpcourse.memory.accounting import MemoryBreakdown
 
     @dataclasses.dataclass(frozen=True)
     class Mine(MemoryBreakdown):
@@ -280,15 +281,15 @@ def test_a_hidden_tests_line_is_not_shown_when_its_assert_has_no_message():
 def test_the_course_answers_are_stubs_by_object_not_by_name():
     program = """
 import importlib, torch
-import mpcourse.memory as memory
-from mpcourse.memory import tensor_bytes as alias
-from mpcourse.grading.stubs import write_yourself
-from mpcourse.fp8 import DelayedScaling
-from mpcourse.formats import FP8_E4M3
+import mpcourse.memory.accounting as memory
+from mpcourse.memory.accounting import tensor_bytes as alias
+from mpcourse.grading.judging.stubs import write_yourself
+from mpcourse.lowbit.fp8 import DelayedScaling
+from mpcourse.numbers.formats import FP8_E4M3
 assert alias(4, torch.float32) == 16
-write_yourself(["mpcourse.memory:tensor_bytes", "mpcourse.fp8:DelayedScaling"])
+write_yourself(["mpcourse.memory.accounting:tensor_bytes", "mpcourse.lowbit.fp8:DelayedScaling"])
 calls = [lambda: alias(4, torch.float32), lambda: getattr(memory, "tensor_bytes")(4, torch.float32),
-         lambda: importlib.import_module("mpcourse.memory").__dict__["tensor_bytes"](4, torch.float32),
+         lambda: importlib.import_module("mpcourse.memory.accounting").__dict__["tensor_bytes"](4, torch.float32),
          lambda: DelayedScaling(FP8_E4M3)]
 for call in calls:
     try:
@@ -304,7 +305,7 @@ print("stubbed")
 
 
 def test_every_exercise_names_targets_that_exist():
-    from mpcourse.grading.stubs import _functions, _resolve
+    from mpcourse.grading.judging.stubs import _functions, _resolve
     named = {key: ex.write_yourself for key, ex in EXERCISES.items()}
     assert named["ex00"] and named["ex01"] and named["ex05"] and named["ex08"]
     for targets in named.values():

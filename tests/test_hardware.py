@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mpcourse import cpu_profiles, hardware
+from mpcourse.machine import cpu_profiles, hardware
 from mpcourse.cli import main
 from mpcourse.course import LESSONS
 
@@ -154,7 +154,7 @@ def test_without_a_profile_the_report_is_this_machines(monkeypatch):
 
 def test_the_avx2_and_amx_profiles_decide_the_lab_and_the_warning(monkeypatch):
     """The branches lesson 10's bf16 run took on an AVX2 machine, taken here."""
-    from mpcourse.lab_size import lab_size
+    from mpcourse.train.sizing import lab_size
     from mpcourse.train import (RunConfig, UnacceleratedPrecisionWarning, fit_to_hardware,
                                 precision_support)
     monkeypatch.setenv("MPCOURSE_HARDWARE", "avx2")

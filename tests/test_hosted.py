@@ -146,7 +146,7 @@ def test_every_notebook_stores_the_kernel_as_the_installed_ipykernel_writes_it()
 
 
 def test_a_released_exercise_keeps_the_kernelspec():
-    from mpcourse.grading.release import release_notebook
+    from mpcourse.grading.judging.release import release_notebook
     solution = nbformat.read(ROOT / "solutions" / "ex01_bf16_rounding.ipynb", as_version=4)
     assert release_notebook(solution, "ex01_bf16_rounding").metadata.kernelspec == KERNELSPEC
 

@@ -1,11 +1,11 @@
-"""mpcourse.inspect_value: one value's bits, neighbours and grid, against torch's own dtypes."""
+"""mpcourse.numbers.inspect_value: one value's bits, neighbours and grid, against torch's own dtypes."""
 import math
 
 import pytest
 import torch
 
-from mpcourse.formats import BF16, FORMATS, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat
-from mpcourse.inspect_value import Bits, bits, explain_value, from_bits, grid, neighbours
+from mpcourse.numbers.formats import BF16, FORMATS, FP8_E4M3, FP8_E5M2, FP16, FP32, FloatFormat
+from mpcourse.numbers.inspect_value import Bits, bits, explain_value, from_bits, grid, neighbours
 
 # Signed integer views with the width of each torch dtype, to read its bit patterns.
 CODE_DTYPE = {torch.float32: torch.int32, torch.float16: torch.int16,
@@ -128,7 +128,7 @@ def test_from_bits_rejects_fields_that_do_not_fit():
 
 
 def test_the_inspection_tools_live_only_in_inspect_value():
-    import mpcourse.formats as formats
+    import mpcourse.numbers.formats as formats
     for moved in ("neighbours", "grid", "explain", "bits", "Explanation"):
         with pytest.raises(AttributeError, match=f"no attribute '{moved}'"):
             getattr(formats, moved)

@@ -18,10 +18,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mpcourse.grading import collect, feedback, gradebook, progress, report
+from mpcourse.grading.instructor import collect, feedback, progress, report
+from mpcourse.grading import gradebook
 from mpcourse.grading.atomic import write_atomically
 from mpcourse.grading.gradebook import SubmissionResult
-from mpcourse.grading.selfcheck import TestResult as Verdict
+from mpcourse.grading.judging.selfcheck import TestResult as Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = [p.stem for p in sorted((ROOT / "solutions").glob("ex*.ipynb"))]

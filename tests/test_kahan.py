@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mpcourse.kahan import KahanOptimizer, classic_kahan_add, compensated_add, split
-from mpcourse.master import MasterWeightOptimizer
+from mpcourse.optim.kahan import KahanOptimizer, classic_kahan_add, compensated_add, split
+from mpcourse.amp.master import MasterWeightOptimizer
 
 
 def test_split_is_exact_when_the_lost_part_fits_the_compensation():
@@ -141,7 +141,7 @@ def test_classic_form_keeps_small_updates_like_the_fp32_form():
 
 def test_the_shortfall_grows_with_the_distance_so_it_is_systematic():
     """Random errors would grow as the square root of the steps; this one doubles with them."""
-    from mpcourse.update_walk import walk
+    from mpcourse.amp.update_walk import walk
     short = [1.0 + n * 5e-5 - walk(1.0, 5e-5, n, "kahan", record_every=n)[-1].item()
              for n in (5_000, 10_000, 20_000)]
     assert short[0] > 0 and short[1] == pytest.approx(2 * short[0]) and short[2] == pytest.approx(4 * short[0])

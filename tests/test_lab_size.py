@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from mpcourse import hardware
+from mpcourse.machine import hardware
 from mpcourse.cli import main
-from mpcourse.hardware import FAST_SPEEDUP
-from mpcourse.lab_size import REFERENCE, choose_lab_size, lab_size
+from mpcourse.machine.hardware import FAST_SPEEDUP
+from mpcourse.train.sizing import REFERENCE, choose_lab_size, lab_size
 from mpcourse.train import LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG
 
 AVX512_BF16 = hardware.cpu_precisions(frozenset({"avx512_bf16"}))

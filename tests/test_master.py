@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mpcourse import GradScaler, MasterWeightOptimizer
-from mpcourse.formats import BF16, FP16, round_to
+from mpcourse.numbers.formats import BF16, FP16, round_to
 
 DTYPES = [torch.float16, torch.bfloat16]
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mpcourse.master import MasterWeightOptimizer
-from mpcourse.master_layouts import FP32MasterOptimizer
+from mpcourse.amp.master import MasterWeightOptimizer
+from mpcourse.optim.master_layouts import FP32MasterOptimizer
 
 
 def _model():

@@ -1,16 +1,16 @@
-"""mpcourse.memory: the worked numbers exactly, checked against what torch really allocates
-(measured with mpcourse.memory_measure)."""
+"""mpcourse.memory.accounting: the worked numbers exactly, checked against what torch really allocates
+(measured with mpcourse.memory.measure)."""
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mpcourse import memory
-from mpcourse.memory import (MemoryBreakdown, attention_parameters, bytes_per_element,
-                             calculator, largest_batch, layer_parameters,
-                             tensor_bytes, training_memory, transformer_memory,
-                             transformer_parameters, transformer_saved_tensors)
-from mpcourse.memory_measure import measure_peak_memory, measure_saved_activations
+from mpcourse.memory import accounting as memory
+from mpcourse.memory.accounting import (MemoryBreakdown, attention_parameters, bytes_per_element, calculator,
+                                         largest_batch, layer_parameters, tensor_bytes, training_memory,
+                                         transformer_memory, transformer_parameters,
+                                         transformer_saved_tensors)
+from mpcourse.memory.measure import measure_peak_memory, measure_saved_activations
 
 MB = 10**6
 M = 10**6

@@ -1,4 +1,4 @@
-"""mpcourse.memory_measure: what autograd saves, storage by storage, and the largest batch."""
+"""mpcourse.memory.measure: what autograd saves, storage by storage, and the largest batch."""
 import math
 
 import pytest
@@ -6,9 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mpcourse import memory
-from mpcourse.memory_measure import (find_largest_batch, measure_peak_memory,
-                                     measure_saved_activations)
+from mpcourse.memory import accounting as memory
+from mpcourse.memory.measure import find_largest_batch, measure_peak_memory, measure_saved_activations
 
 
 def test_autocast_dtype_must_be_16_bit():

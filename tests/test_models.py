@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpcourse.models import GPT, GPTConfig, next_token_loss
+from mpcourse.train.models import GPT, GPTConfig, next_token_loss
 
 
 def tiny(**kw):

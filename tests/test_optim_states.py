@@ -9,7 +9,7 @@ import pytest
 import torch
 import torchao.optim as torchao_optim  # the reference implementation (a dev dependency)
 
-from mpcourse.optim_states import AdamW
+from mpcourse.optim.optim_states import AdamW
 
 
 @pytest.fixture

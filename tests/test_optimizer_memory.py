@@ -3,13 +3,13 @@ import pytest
 import torch
 
 from mpcourse.distributed.costs import memory_per_rank
-from mpcourse.kahan import KahanOptimizer
-from mpcourse.ladder_measure import measure_rung
-from mpcourse.master_layouts import FP32MasterOptimizer
-from mpcourse.models import GPT
-from mpcourse.optim_states import AdamW
-from mpcourse.optimizer_memory import LADDER, NO_CURE, RUNGS, LadderRunConfig
-from mpcourse.stochastic import StochasticRoundingOptimizer
+from mpcourse.optim.kahan import KahanOptimizer
+from mpcourse.train.variants.ladder_measure import measure_rung
+from mpcourse.optim.master_layouts import FP32MasterOptimizer
+from mpcourse.train.models import GPT
+from mpcourse.optim.optim_states import AdamW
+from mpcourse.train.variants.ladder import LADDER, NO_CURE, RUNGS, LadderRunConfig
+from mpcourse.optim.stochastic import StochasticRoundingOptimizer
 from mpcourse.train import train
 
 TINY = dict(d_model=32, n_layers=1, n_heads=2, batch_size=2, seq_len=16, steps=3, warmup_steps=0,
@@ -137,13 +137,13 @@ def _t_quantile_by_integration(df: int, p: float = 0.975) -> float:
 
 @pytest.mark.parametrize("df", range(1, 11))
 def test_seed_interval_uses_students_t(df):
-    from mpcourse.ladder_measure import T_975
+    from mpcourse.train.variants.ladder_measure import T_975
     assert T_975[df - 1] == pytest.approx(_t_quantile_by_integration(df), abs=6e-4)
 
 
 def test_seed_interval_estimates_the_spread_from_the_seeds():
     import statistics
-    from mpcourse.ladder_measure import seed_interval
+    from mpcourse.train.variants.ladder_measure import seed_interval
     values = [0.010, -0.002, 0.004, 0.008]
     got = seed_interval(values)
     half = 3.182 * statistics.stdev(values) / 2

@@ -35,7 +35,7 @@ def _literals(tree: ast.AST):
 def test_precision_names_and_their_dtypes_are_written_only_in_mpcourse_precision():
     """The run precisions ("fp32", "tf32", "bf16", "fp16") and the 16-bit autocast dtypes by name
     are facts the loop, the CLI, the lab, the hardware report and the multi-process runs share:
-    one copy, in `mpcourse/precision.py`, so that adding a precision is one edit. (Tables keyed
+    one copy, in `mpcourse/numbers/precision.py`, so that adding a precision is one edit. (Tables keyed
     by these names that hold other facts, e.g. what a device accelerates, are not copies.)"""
     copies = []
     for path in MODULES:
@@ -47,7 +47,7 @@ def test_precision_names_and_their_dtypes_are_written_only_in_mpcourse_precision
                 {"torch.bfloat16", "torch.float16"} <= values
             if names_all_precisions or maps_names_to_dtypes:
                 copies.append(f"{_name(path)}:{line}")
-    assert not copies, f"a second copy of mpcourse.precision's names: {copies}"
+    assert not copies, f"a second copy of mpcourse.numbers.precision's names: {copies}"
 
 
 VIEWS = PACKAGE / "views"
@@ -99,7 +99,9 @@ def test_import_mpcourse_leaves_torch_unloaded_until_a_name_needs_it():
     loading torch then (benchmarks/bench_cli_help.py times it)."""
     assert not _loads_torch("import sys, mpcourse")
     assert _loads_torch("import sys, mpcourse\nassert mpcourse.BF16.mantissa_bits == 7")
-    assert _loads_torch("import sys\nfrom mpcourse import RunConfig, hardware\nassert hardware.__name__")
+    assert _loads_torch("import sys\nfrom mpcourse import RunConfig\nfrom mpcourse.machine import hardware\n"
+                        "assert hardware.__name__ and RunConfig")
+    assert _loads_torch("import sys, mpcourse\nassert mpcourse.amp.GradScaler is mpcourse.GradScaler")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"], ["hosted", "--help"],
@@ -116,3 +118,103 @@ def test_a_command_that_trains_gets_all_its_options():
     assert (args.precision, args.steps) == ("bf16", 3)
     full = build_parser().parse_args(["compare", "--precisions", "fp32", "--json"])
     assert full.json and full.precisions == "fp32"
+
+
+#: The course's parts, lowest first: a part imports only parts on its own level or below. `course`
+#: (the course map, plain data that `machine.hardware` reads) sits at the bottom; the front ends
+#: (`cli`, `widgets`, `hosted`, `hosted_session` and `mpcourse/__init__.py`) at the top.
+LEVELS = (
+    ("numbers", "memory", "machine", "course"),
+    ("amp", "lowbit", "optim"),
+    ("train", "distributed", "clinic"),
+    ("views", "grading", "cli", "widgets", "hosted", "hosted_session", "__init__"),
+)
+LEVEL = {part: level for level, parts in enumerate(LEVELS) for part in parts}
+#: mpcourse's modules by dotted name (a package by its __init__.py).
+BY_NAME = {".".join(p.relative_to(ROOT).with_suffix("").parts[:-1] if p.name == "__init__.py"
+                    else p.relative_to(ROOT).with_suffix("").parts): p for p in MODULES}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _edges(path: Path):
+    """The mpcourse modules that `path` imports, anywhere in it (a function's body and `if
+    TYPE_CHECKING:` included), with the line: `from package import submodule` imports the
+    submodule, `from module import name` the module."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names if alias.name in BY_NAME)
+        elif isinstance(node, ast.ImportFrom) and node.module in BY_NAME:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                yield (sub if sub in BY_NAME else node.module), node.lineno
+
+
+def test_every_part_of_the_package_has_a_level():
+    parts = {_part(name) for name in BY_NAME} - {"__init__"}
+    assert parts == set(LEVEL) - {"__init__"}, f"parts without a level: {parts - set(LEVEL)}; " \
+        f"levels without a part: {set(LEVEL) - parts - {'__init__'}}"
+
+
+def test_a_part_never_imports_a_part_above_it():
+    """The folders read as the course, lowest first: numbers, memory and the machine; then amp,
+    low-bit formats and optimizers; then training, distributed runs and the clinic; then views,
+    grading and the front ends. A lower part that imports a higher one is a lesson that needs a
+    later lesson's machinery."""
+    upward = [f"{_name(BY_NAME[name])}:{line} ({_part(name)}, level {LEVEL[_part(name)]}) imports "
+              f"{target} ({_part(target)}, level {LEVEL[_part(target)]})"
+              for name, path in BY_NAME.items() for target, line in _edges(path)
+              if LEVEL[_part(target)] > LEVEL[_part(name)]]
+    assert not upward, "a part imports a part above it: " + "; ".join(upward)
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in `graph`, as the modules around it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_no_import_circle_among_the_modules():
+    """No module imports, directly or through others, a module that imports it: not even inside a
+    function or under TYPE_CHECKING, where a circle waits for the day someone moves the import up.
+    Within a package, modules import each other by their own paths, never through the package's
+    front door (its __init__ imports them)."""
+    graph = {name: {target for target, _ in _edges(path) if target != name} for name, path in BY_NAME.items()}
+    circle = _circle(graph)
+    assert circle is None, "an import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_finder_finds_circles():
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+@pytest.mark.parametrize("package", sorted({p.parent for p in MODULES if p.parent != PACKAGE}), ids=_name)
+def test_no_package_holds_more_than_ten_modules(package):
+    modules = [p for p in package.glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= 10, f"{_name(package)} holds {len(modules)} modules; split it by concept"
+
+
+def test_the_top_level_holds_only_the_front_ends():
+    assert {p.stem for p in PACKAGE.glob("*.py")} == {"__init__", "cli", "course", "hosted", "hosted_session",
+                                                     "widgets"}

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mpcourse.performance import (A100_SXM, H100_SXM, Device, KernelCall, Work, elementwise_work,
-                                  kernels_that_ran, matmul_work, padded, tensor_core_friendly,
-                                  tensor_core_multiple)
+from mpcourse.machine.performance import (A100_SXM, H100_SXM, Device, KernelCall, Work, elementwise_work,
+                                           kernels_that_ran, matmul_work, padded, tensor_core_friendly,
+                                           tensor_core_multiple)
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 DEVICES = (A100_SXM, H100_SXM)

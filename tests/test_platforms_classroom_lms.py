@@ -23,9 +23,9 @@ import yaml
 from grading_budgets import program_backstop
 
 from mpcourse.grading import gradebook as gradebook_module
-from mpcourse.grading.exercise import load_exercise
+from mpcourse.grading.judging.exercise import load_exercise
 from mpcourse.grading.platforms import classroom, lms
-from mpcourse.grading.selfcheck import TestResult as Verdict
+from mpcourse.grading.judging.selfcheck import TestResult as Verdict
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 

@@ -22,11 +22,12 @@ import nbformat
 import pytest
 
 from grading_budgets import backstop, program_backstop, sandbox_processes
-from mpcourse.grading.exercise import load_exercise
+from mpcourse.grading.judging.exercise import load_exercise
 from mpcourse.grading.gradebook import SubmissionResult
 from mpcourse.grading.platforms.gradescope_results import Expected, results_json
 from mpcourse.grading.platforms.gradescope_run import choose
-from mpcourse.grading import grader, selfcheck
+from mpcourse.grading import grader
+from mpcourse.grading.judging import selfcheck
 from mpcourse.grading.platforms import gradescope_run
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
@@ -286,7 +287,7 @@ def test_with_no_sandbox_of_any_kind_the_learner_is_told_the_submission_was_rece
     """Where neither sandbox can start (not root, no bwrap), every test gets 0 with a message
     that the submission arrived, never "not submitted". Simulated in process: as root here, the
     fallback would start."""
-    from mpcourse.grading.isolation import NONE, Isolation
+    from mpcourse.grading.sandbox.isolation import NONE, Isolation
     root = gradescope_root(tmp_path, ex00_zip)
     (root / "submission" / "ex00_bytes.ipynb").write_bytes((ROOT / "solutions" / "ex00_bytes.ipynb").read_bytes())
     monkeypatch.setattr(gradescope_run, "choose_isolation", lambda: Isolation(NONE, "no sandbox here (simulated)"))
@@ -302,7 +303,7 @@ def test_with_no_sandbox_of_any_kind_the_learner_is_told_the_submission_was_rece
 def test_allow_unsandboxed_grades_without_a_sandbox_and_warns(tmp_path, monkeypatch):
     """A zip built with --allow-unsandboxed grades where no sandbox of any kind starts, and says
     so. Simulated in process: as root here, the fallback sandbox would start."""
-    from mpcourse.grading.isolation import NONE, Isolation
+    from mpcourse.grading.sandbox.isolation import NONE, Isolation
     out = tmp_path / "unsafe.zip"
     assert _cli("autograder", "gradescope", "--out", str(out), "--allow-unsandboxed", "ex00").returncode == 0
     root = gradescope_root(tmp_path, out)

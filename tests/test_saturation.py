@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from mpcourse.blockscale import (MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL, PER_TENSOR,
-                                 BlockScaling)
-from mpcourse.formats import FP8_E4M3
-from mpcourse.saturation import clipped_share
+from mpcourse.lowbit.blockscale import (MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL, PER_TENSOR,
+                                         BlockScaling)
+from mpcourse.numbers.formats import FP8_E4M3
+from mpcourse.lowbit.saturation import clipped_share
 
 
 def floor_rule_count(x: torch.Tensor, emax: int, element_max: float) -> int:

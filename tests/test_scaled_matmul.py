@@ -3,11 +3,11 @@ torch's own casts."""
 import pytest
 import torch
 
-from mpcourse.blockscale import (BLOCK_128x128, MXFP4, MXFP8_E4M3, NVFP4, PER_ROW, PER_TENSOR,
-                                 TILE_1x128, BlockScaling, quantize)
-from mpcourse.formats import FP8_E5M2
-from mpcourse.scaled_matmul import FP32_ACCUMULATOR, Accumulator, scaled_matmul
-from mpcourse.torch_scaled_mm import torch_scaled_mm
+from mpcourse.lowbit.blockscale import (BLOCK_128x128, MXFP4, MXFP8_E4M3, NVFP4, PER_ROW, PER_TENSOR,
+                                         TILE_1x128, BlockScaling, quantize)
+from mpcourse.numbers.formats import FP8_E5M2
+from mpcourse.lowbit.matmul import FP32_ACCUMULATOR, Accumulator, scaled_matmul
+from mpcourse.lowbit.torch_mm import torch_scaled_mm
 
 PER_ROW_E5M2 = BlockScaling("per-row E5M2", FP8_E5M2, (1, None))
 

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from mpcourse import GradScaler, MasterWeightOptimizer, StaticLossScaler
-from mpcourse.scaling import to_fp32, update_scale
-from mpcourse.scaling_experiments import clipped_step, resume_experiment, skipped_steps
+from mpcourse.amp.scaling import to_fp32, update_scale
+from mpcourse.amp.scaling_experiments import clipped_step, resume_experiment, skipped_steps
 
 STEPS = 50
 
@@ -594,7 +594,7 @@ def test_upstream_scaling_cases_match_torch(iteration):
     assert all(torch.equal(a, b) for a, b in zip(ours[1], theirs[1]))
 
 
-# The experiments lesson 05 and the clinic share (mpcourse.scaling_experiments).
+# The experiments lesson 05 and the clinic share (mpcourse.amp.scaling_experiments).
 
 def test_skipped_steps_are_where_the_scale_went_down():
     assert skipped_steps([2.0**15, 2.0**15, 2.0**14, 2.0**15, 2.0**14]) == [0, 2, 4]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse.formats import (E8M0_TORCH_ROUNDS_UP, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
-                              FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP8_E8M0, FloatFormat, round_to)
-from mpcourse.inspect_value import bits, explain_value, from_bits, grid, neighbours
+from mpcourse.numbers.formats import (E8M0_TORCH_ROUNDS_UP, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
+                                       FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP8_E8M0, FloatFormat, round_to)
+from mpcourse.numbers.inspect_value import bits, explain_value, from_bits, grid, neighbours
 
 TORCH_FORMATS = (FP8_E4M3FNUZ, FP8_E5M2FNUZ, FP8_E8M0)
 ML_DTYPE = {FP8_E4M3FNUZ: ml_dtypes.float8_e4m3fnuz, FP8_E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
@@ -115,7 +115,7 @@ def test_constants_match_ml_dtypes_finfo(fmt):
 
 def test_mx_spec_element_exponents():
     """emax_elem of the MX spec: 8 for E4M3, 15 for E5M2, 4 for E3M2, 2 for E2M3 and E2M1."""
-    from mpcourse.formats import FP8_E5M2
+    from mpcourse.numbers.formats import FP8_E5M2
     emax = {FP8_E4M3: 8, FP8_E5M2: 15, FP6_E3M2: 4, FP6_E2M3: 2, FP4_E2M1: 2}
     assert {fmt: fmt.max_exponent for fmt in emax} == emax
 

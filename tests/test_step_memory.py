@@ -1,7 +1,7 @@
 """The live-bytes count of a call, on programs whose peak is known by arithmetic."""
 import torch
 
-from mpcourse.step_memory import held_tensors, measure_live_peak
+from mpcourse.memory.step_peak import held_tensors, measure_live_peak
 
 
 def test_peak_is_inputs_and_output_of_the_largest_moment():
@@ -83,8 +83,8 @@ def test_each_rungs_step_peak_is_the_profilers(one_thread):
     measured on two identical builds, once by each counter."""
     import math
 
-    from mpcourse.models import next_token_loss
-    from mpcourse.optimizer_memory import LadderRunConfig
+    from mpcourse.train.models import next_token_loss
+    from mpcourse.train.variants.ladder import LadderRunConfig
     from mpcourse.train import build
 
     def ready(key):

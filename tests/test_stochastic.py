@@ -6,10 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.formats import BF16, FP16, round_to
-from mpcourse.inspect_value import neighbours
-from mpcourse.master import MasterWeightOptimizer
-from mpcourse.stochastic import StochasticRoundingOptimizer, stochastic_round
+from mpcourse.numbers.formats import BF16, FP16, round_to
+from mpcourse.numbers.inspect_value import neighbours
+from mpcourse.amp.master import MasterWeightOptimizer
+from mpcourse.optim.stochastic import StochasticRoundingOptimizer, stochastic_round
 
 
 def _reference(x: torch.Tensor, fmt, r: torch.Tensor) -> torch.Tensor:

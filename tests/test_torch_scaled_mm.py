@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mpcourse.blockscale import (BLOCK_128x128, MXFP8_E4M3, MXFP8_E4M3_RCEIL, NVFP4, PER_ROW,
-                                 PER_TENSOR, PER_TENSOR_FP4, TILE_1x128, quantize)
-from mpcourse.scaled_matmul import scaled_matmul
-from mpcourse.torch_scaled_mm import (layout, pack_fp4, runs_on, scaled_mm_arguments, to_blocked,
-                                      torch_scaled_mm)
+from mpcourse.lowbit.blockscale import (BLOCK_128x128, MXFP8_E4M3, MXFP8_E4M3_RCEIL, NVFP4, PER_ROW,
+                                         PER_TENSOR, PER_TENSOR_FP4, TILE_1x128, quantize)
+from mpcourse.lowbit.matmul import scaled_matmul
+from mpcourse.lowbit.torch_mm import (layout, pack_fp4, runs_on, scaled_mm_arguments, to_blocked,
+                                       torch_scaled_mm)
 
 #: torch's CUDA rules for the lists `F.scaled_mm` takes, transcribed from
 #: aten/src/ATen/native/cuda/ScaledBlas.cpp of pytorch/pytorch at this commit (the installed torch

@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 
-from mpcourse import hardware
-from mpcourse.data import Batches, MarkovText
-from mpcourse.models import GPT, next_token_loss
-from mpcourse.precision import RUN_PRECISIONS as PRECISIONS
-from mpcourse.precision import PrecisionSupport
+from mpcourse.machine import hardware
+from mpcourse.train.data import Batches, MarkovText
+from mpcourse.train.models import GPT, next_token_loss
+from mpcourse.numbers.precision import RUN_PRECISIONS as PRECISIONS
+from mpcourse.numbers.precision import PrecisionSupport
 from mpcourse.train import (AUTOCASTS, LESSON_CPU_CONFIG, LOSS_SCALINGS, RunConfig, RunResult,
                             UnacceleratedPrecisionWarning, compare, fit_to_hardware,
                             precision_support, train)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mpcourse.update_walk import stochastic_spread, walk
+from mpcourse.amp.update_walk import stochastic_spread, walk
 
 START, UPDATE, STEPS = 1.0, 5e-5, 4000  # updates far below half bf16's gap in [1, 2), 2**-8
 

@@ -7,7 +7,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from mpcourse.data import MarkovText  # noqa: E402
+from mpcourse.train.data import MarkovText  # noqa: E402
 from mpcourse.train import RunConfig, RunResult, build, train  # noqa: E402
 from mpcourse.views.runs import (RunComparison, moving_average, plot_curves,  # noqa: E402
                                  plot_loss_differences, plot_losses)

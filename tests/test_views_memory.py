@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mpcourse.memory import MB, compare_layouts
-from mpcourse.memory_measure import PeakMemory, measure_peak_memory
+from mpcourse.memory.accounting import MB, compare_layouts
+from mpcourse.memory.measure import PeakMemory, measure_peak_memory
 from mpcourse.views.memory import plot_layouts, plot_step_memory
 
 matplotlib.use("Agg")

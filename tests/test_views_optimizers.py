@@ -3,8 +3,8 @@ import matplotlib
 import pytest
 import torch
 
-from mpcourse.kahan import compensated_add
-from mpcourse.ladder_measure import SeedInterval, seed_interval
+from mpcourse.optim.kahan import compensated_add
+from mpcourse.train.variants.ladder_measure import SeedInterval, seed_interval
 from mpcourse.views.optimizers import plot_kahan_split, plot_ladder, plot_step_memory
 
 matplotlib.use("Agg")

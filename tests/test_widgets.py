@@ -6,7 +6,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from mpcourse import hardware  # noqa: E402
+from mpcourse.machine import hardware  # noqa: E402
 from mpcourse.train import RunConfig  # noqa: E402
 from mpcourse.widgets import ControlPanel, config_from_controls, redraw_every  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_widgets_say_what_they_are():
 
 def test_panel_without_a_base_starts_at_the_labs_size_and_says_why(monkeypatch):
     import mpcourse.widgets
-    from mpcourse.lab_size import choose_lab_size
+    from mpcourse.train.sizing import choose_lab_size
     from mpcourse.train import LESSON_CPU_MATMUL_CONFIG
     fast = hardware.MatmulProbe(256, {"fp32": 1.0, "bf16": 0.5, "fp16": 50.0})
     size = choose_lab_size("cpu", hardware.cpu_precisions(frozenset({"avx512_bf16"})), fast)

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpcourse import hardware
-from mpcourse.autocast import autocast as mpcourse_autocast
-from mpcourse.benchmark import compare
+from mpcourse.machine import hardware
+from mpcourse.amp.autocast_mode import autocast as mpcourse_autocast
+from mpcourse.machine.benchmark import compare
 from mpcourse.clinic.case import Case, diagnosed, regression_data, seeded, tiny_mlp
-from mpcourse.precision import autocast_dtype
+from mpcourse.numbers.precision import autocast_dtype
 
 
 # ---------------------------------------------------------------------------------------------

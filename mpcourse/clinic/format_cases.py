@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpcourse.autocast import policy_for
+from mpcourse.amp.autocast_mode import policy_for
 from mpcourse.clinic.case import Case, diagnosed, regression_data, seeded
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, tiny_mlp
-from mpcourse.master import MasterWeightOptimizer
-from mpcourse.scaling import GradScaler
-from mpcourse.stochastic import StochasticRoundingOptimizer
+from mpcourse.amp.master import MasterWeightOptimizer
+from mpcourse.amp.scaling import GradScaler
+from mpcourse.optim.stochastic import StochasticRoundingOptimizer
 
 
 # ---------------------------------------------------------------------------------------------

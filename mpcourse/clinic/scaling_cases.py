@@ -2,7 +2,7 @@
 
 A scale that collapses, clipping that ignores the scale, `unscale_` twice, and a resume that
 forgot the scaler. Cases 5 and 7 run lesson 05's
-own experiments (`mpcourse.scaling_experiments`) on the clinic's small models.
+own experiments (`mpcourse.amp.scaling_experiments`) on the clinic's small models.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, seeded, tiny_mlp
-from mpcourse.scaling import GradScaler
-from mpcourse.scaling_experiments import clipped_step, resume_experiment, skipped_steps
+from mpcourse.amp.scaling import GradScaler
+from mpcourse.amp.scaling_experiments import clipped_step, resume_experiment, skipped_steps
 
 
 # ---------------------------------------------------------------------------------------------

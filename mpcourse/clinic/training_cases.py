@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointError, checkpoint
 
-from mpcourse.autocast import autocast as mpcourse_autocast
+from mpcourse.amp.autocast_mode import autocast as mpcourse_autocast
 from mpcourse.clinic.case import Case, diagnosed, regression_data, scaled_step, seeded
 
 

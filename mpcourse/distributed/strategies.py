@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from mpcourse.distributed.collectives import CollectiveCounter
-from mpcourse.models import GPT
-from mpcourse.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, dtype_name
+from mpcourse.train.models import GPT
+from mpcourse.numbers.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, dtype_name
 from mpcourse.train import RunConfig
 
 STRATEGIES = ("ddp", "fsdp2")

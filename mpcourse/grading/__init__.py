@@ -1,11 +1,11 @@
 """Graded exercises: authoring conventions, `release`, the learner's `check()` and the grader.
 
 `check` and `watch` load torch when first used, not on import, so the instructor's commands
-(`grading.commands`) keep `mpcourse --help` fast."""
+(`grading.instructor.commands`) keep `mpcourse --help` fast."""
 import importlib
 
 __all__ = ["check", "watch"]
-_HOMES = {"check": "mpcourse.grading.selfcheck", "watch": "mpcourse.grading.states"}
+_HOMES = {"check": "mpcourse.grading.judging.selfcheck", "watch": "mpcourse.grading.judging.states"}
 
 
 def __getattr__(name):

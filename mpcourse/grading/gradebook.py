@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mpcourse.grading.atomic import write_atomically
-from mpcourse.grading.selfcheck import TestResult
+from mpcourse.grading.judging.selfcheck import TestResult
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
@@ -109,8 +109,8 @@ def format_summary(results: list[SubmissionResult]) -> str:
     width = max([len(clean(r.path)) for r in results] + [10])
     lines = ["", f"{'submission':<{width}}  {'exercise':<22}{'score':>10}{'time':>9}"]
     for r in results:
-        lines.append(f"{clean(r.path):<{width}}  {(r.exercise or '?'):<22}{f'{r.score:g}/{r.max_score:g}':>10}"
-                     f"{r.seconds:>8.1f}s")
+        lines.append(f"{clean(r.path):<{width}}  "
+                     f"{(r.exercise or '?'):<22}{f'{r.score:g}/{r.max_score:g}':>10}{r.seconds:>8.1f}s")
     lines.append(f"{len(results)} submission(s), {sum(r.seconds for r in results):.1f} seconds of grading, "
                  f"{sum(r.cpu_seconds for r in results):.1f} of CPU")
     if results:

@@ -29,15 +29,16 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading import judge
-from mpcourse.grading.exercise import Exercise, exercise_id, find_solutions, learner_cells, load_exercise
+from mpcourse.grading.judging import judge
+from mpcourse.grading.judging.exercise import (Exercise, exercise_id, find_solutions, learner_cells,
+                                                load_exercise)
 from mpcourse.grading.gradebook import SubmissionResult
-from mpcourse.grading.pool import OutOfTime, grade_in_processes
-from mpcourse.grading.isolation import USER, choose_isolation
-from mpcourse.grading.limits import WALL_FACTOR, Budget, Limits
-from mpcourse.grading.sandbox import RequestFailed, Sandbox, WorkerGone
-from mpcourse.grading.selfcheck import TestResult
-from mpcourse.grading.verdict import first_line
+from mpcourse.grading.sandbox.pool import OutOfTime, grade_in_processes
+from mpcourse.grading.sandbox.isolation import USER, choose_isolation
+from mpcourse.grading.sandbox.limits import WALL_FACTOR, Budget, Limits
+from mpcourse.grading.sandbox.sandbox import RequestFailed, Sandbox, WorkerGone
+from mpcourse.grading.judging.selfcheck import TestResult
+from mpcourse.grading.judging.verdict import first_line
 
 MAX_RESTARTS = 3
 CALIBRATION_SECONDS = 300.0  # CPU seconds for running a solution to plan its tests
@@ -77,7 +78,8 @@ class SubmissionFailed(Exception):
     """The submission as a whole could not be graded; the message is the one-line reason."""
 
 
-def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options: Options = Options()) -> SubmissionResult:
+def grade_submission(path, exercises: dict[str, Exercise], plans: dict,
+                     options: Options = Options()) -> SubmissionResult:
     """Score one submitted notebook against the tests of its exercise; never raises."""
     start = time.perf_counter()
     path = Path(path)
@@ -89,23 +91,26 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
     try:
         _refuse_solutions(path, options)
         if exercise is None:
-            raise SubmissionFailed(f"cannot tell which exercise this is: {path.name!r} does not start with a known "
-                                   f"exercise id (known: {', '.join(sorted(exercises)) or 'none'})")
+            raise SubmissionFailed(f"cannot tell which exercise this is: {path.name!r} does not start with a "
+                                   f"known exercise id (known: {', '.join(sorted(exercises)) or 'none'})")
         nb = _read_submission(path, notes)
-        claimed = nb.metadata.get("mpcourse", {}).get("exercise") if isinstance(nb.metadata.get("mpcourse"), dict) else None
+        course = nb.metadata.get("mpcourse")
+        claimed = course.get("exercise") if isinstance(course, dict) else None
         if claimed is not None and claimed != exercise.name:
             notes.append(f"the notebook's metadata says exercise {str(claimed)[:60]!r}; graded as "
                          f"{exercise.name}, from the file name")
         plan = plans.get(exercise_id(path.name))
         if not isinstance(plan, judge.Plan):
-            raise SubmissionFailed(f"the solution of {exercise.name} could not be run to plan its tests: {plan}")
+            raise SubmissionFailed(f"the solution of {exercise.name} could not be run to plan its tests: "
+                                   f"{plan}")
         error = _grade(nb, exercise, plan, options, notes, verdicts)
     except SubmissionFailed as failure:
         error = str(failure)
     except OutOfTime:
         error = (f"timed out: grading this submission ran past its wall-clock backstop of "
                  f"{submission_backstop(exercise, options):.0f} s ({options.wall_factor:g} x the "
-                 f"{submission_seconds(exercise, options):g} s of CPU time its budgets add up to, and a minute)")
+                 f"{submission_seconds(exercise, options):g} s of CPU time its budgets add up to, and a "
+                 f"minute)")
     except Exception as failure:  # a bug here must cost this submission only, not the run
         error, graded = f"grading failed: {type(failure).__name__}: {first_line(failure, 200)}", False
     tests = [TestResult(t.id, t.points if verdicts[t.id][0] else 0.0, t.points, verdicts[t.id][0],
@@ -113,8 +118,9 @@ def grade_submission(path, exercises: dict[str, Exercise], plans: dict, options:
              if t.id in verdicts else TestResult(t.id, 0.0, t.points, False, error)
              for t in (exercise.tests if exercise else ())]
     return SubmissionResult(path=str(path), exercise=exercise.name if exercise else None,
-                            score=sum(t.points for t in tests), max_score=exercise.max_score if exercise else 0.0,
-                            error=error, tests=tests, seconds=time.perf_counter() - start, notes=notes, graded=graded)
+                            score=sum(t.points for t in tests),
+                            max_score=exercise.max_score if exercise else 0.0, error=error, tests=tests,
+                            seconds=time.perf_counter() - start, notes=notes, graded=graded)
 
 
 def _refuse_solutions(path: Path, options: Options):
@@ -123,14 +129,16 @@ def _refuse_solutions(path: Path, options: Options):
     if options.solutions is None:
         return
     if path.resolve().is_relative_to(options.solutions):
-        raise SubmissionFailed(f"refused: this path leads into the solutions folder {str(options.solutions)!r}")
+        raise SubmissionFailed(f"refused: this path leads into the solutions folder "
+                               f"{str(options.solutions)!r}")
     try:
         found = path.stat()
     except OSError:
         return  # reading it says what is wrong
     if any(found.st_ino == known.st_ino and found.st_dev == known.st_dev
            for known in map(Path.stat, options.solutions.glob("*.ipynb"))):
-        raise SubmissionFailed(f"refused: this file is a solution of {str(options.solutions)!r} (a hard link)")
+        raise SubmissionFailed(f"refused: this file is a solution of {str(options.solutions)!r} "
+                               "(a hard link)")
 
 
 def _read_submission(path: Path, notes: list) -> nbformat.NotebookNode:
@@ -139,8 +147,8 @@ def _read_submission(path: Path, notes: list) -> nbformat.NotebookNode:
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise SubmissionFailed(f"not a regular file (a link or a folder): {path}")
     if path.exists() and path.stat().st_size > MAX_NOTEBOOK_BYTES:
-        raise SubmissionFailed(f"{path.stat().st_size:,} bytes: larger than the {MAX_NOTEBOOK_BYTES >> 20} MiB "
-                               "a submitted notebook may have")
+        raise SubmissionFailed(f"{path.stat().st_size:,} bytes: larger than the {MAX_NOTEBOOK_BYTES >> 20} "
+                               "MiB a submitted notebook may have")
     try:
         with warnings.catch_warnings():  # old notebooks without cell ids are still fine to grade
             warnings.simplefilter("ignore")
@@ -156,7 +164,8 @@ def _read_submission(path: Path, notes: list) -> nbformat.NotebookNode:
     return nb
 
 
-def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: list, verdicts: dict) -> str | None:
+def _grade(nb, exercise: Exercise, plan: judge.Plan, options: Options, notes: list,
+           verdicts: dict) -> str | None:
     """Fill `verdicts` (test id -> (passed, reason)) test by test; return the first cell error.
     The learner's cells run in the sandbox; every test runs here, calling the learner's functions
     through it (`judge`). On a timeout or a failure, the verdicts already filled stay."""
@@ -201,7 +210,8 @@ class NotebookRunner:
 
     def _start(self):
         while True:
-            self.budget = self._budget("the cells")  # fresh at each start: a skipped cell costs no later one time
+            # fresh at each start: a skipped cell costs no later one time
+            self.budget = self._budget("the cells")
             try:
                 self.worker = Sandbox(self.options.limits, self.budget, self.options.sandboxed)
             except WorkerGone as gone:
@@ -217,7 +227,8 @@ class NotebookRunner:
                 if index in self.skipped:
                     continue
                 try:
-                    error = self.worker.request({"op": "run_cell", "source": source}, self.budget).get("error")
+                    error = self.worker.request({"op": "run_cell", "source": source},
+                                                self.budget).get("error")
                 except RequestFailed as failed:
                     error = str(failed)
                 except WorkerGone as gone:
@@ -259,8 +270,9 @@ class NotebookRunner:
             if not gone.timed_out:
                 raise judge.SandboxFailure(f"{gone} while running {name}") from None
             if "backstop" in gone.overrun:  # the budget first: a reason may be cut short
-                raise judge.SandboxFailure(f"{name} ran past the test's wall-clock backstop of {budget.wall:.0f} s "
-                                           f"(a {budget.cpu:g} s CPU budget; it waits?)") from None
+                raise judge.SandboxFailure(f"{name} ran past the test's wall-clock backstop of "
+                                           f"{budget.wall:.0f} s (a {budget.cpu:g} s CPU budget; "
+                                           "it waits?)") from None
             raise judge.SandboxFailure(f"{name} ran past the test's budget of {budget.cpu:g} s of CPU time "
                                        "(an endless loop?)") from None
 
@@ -309,9 +321,11 @@ def _address_space() -> int:
 
 
 def _not_graded(path, exercise: Exercise | None, why: str) -> SubmissionResult:
-    return SubmissionResult(str(path), exercise.name if exercise else None, 0.0, exercise.max_score if exercise else 0.0,
-                            f"not graded: {why}", [TestResult(t.id, 0.0, t.points, False, "not graded")
-                                                   for t in (exercise.tests if exercise else ())], graded=False)
+    tests = [TestResult(t.id, 0.0, t.points, False, "not graded")
+             for t in (exercise.tests if exercise else ())]
+    return SubmissionResult(str(path), exercise.name if exercise else None, 0.0,
+                            exercise.max_score if exercise else 0.0, f"not graded: {why}", tests,
+                            graded=False)
 
 
 def _cpu_seconds() -> float:

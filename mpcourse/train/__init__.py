@@ -7,7 +7,10 @@
   with honest timing, callbacks, memory, checkpoints and a time limit;
 - `result`: `StepInfo` (what callbacks hear) and `RunResult` (what a run measured);
 - `checkpoint`: save and resume, bit for bit;
-- `device`: whether a precision runs, and runs fast, on the chosen device.
+- `device`: whether a precision runs, and runs fast, on the chosen device;
+- `models`: the small GPT every run trains, and `data`: the synthetic text it reads;
+- `sizing`: `lab_size`, the lab's size on this machine (lesson 06, and lesson 00's first run);
+- `variants` (a package): the runs that plug FP8, block scaling and the optimizer ladder in.
 
 Tables and plots of results live in `mpcourse.views`.
 """
@@ -15,10 +18,15 @@ from mpcourse.train.config import (AUTOCASTS, LESSON_CPU_CONFIG, LESSON_CPU_MATM
                                    LESSON_CUDA_CONFIG, LOSS_SCALINGS, RunConfig)
 from mpcourse.train.device import UnacceleratedPrecisionWarning, fit_to_hardware, precision_support
 from mpcourse.train.loop import Setup, build, compare, train
+from mpcourse.train.data import Batches, MarkovText
+from mpcourse.train.models import GPT, GPTConfig, next_token_loss
 from mpcourse.train.result import Callback, RunResult, StepInfo
+from mpcourse.train.sizing import REFERENCE, LabSize, choose_lab_size, lab_size
 
 __all__ = [
     "AUTOCASTS", "LESSON_CPU_CONFIG", "LESSON_CPU_MATMUL_CONFIG", "LESSON_CUDA_CONFIG",
     "LOSS_SCALINGS", "RunConfig", "UnacceleratedPrecisionWarning", "fit_to_hardware",
     "precision_support", "Setup", "build", "compare", "train", "Callback", "RunResult", "StepInfo",
+    "Batches", "MarkovText", "GPT", "GPTConfig", "next_token_loss", "REFERENCE", "LabSize", "choose_lab_size",
+    "lab_size",
 ]

@@ -7,10 +7,10 @@ from typing import ClassVar, ContextManager
 
 import torch
 
-from mpcourse import hardware
-from mpcourse.master import MasterWeightOptimizer
-from mpcourse.models import GPT, GPTConfig
-from mpcourse.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, PrecisionSupport, autocast_dtype
+from mpcourse.machine import hardware
+from mpcourse.amp.master import MasterWeightOptimizer
+from mpcourse.train.models import GPT, GPTConfig
+from mpcourse.numbers.precision import AUTOCAST_DTYPES, RUN_PRECISIONS, PrecisionSupport, autocast_dtype
 
 AUTOCASTS = ("torch", "mpcourse")
 LOSS_SCALINGS = ("dynamic", "static", "off")
@@ -23,7 +23,7 @@ class RunConfig:
     - `precision`: "fp32"; "tf32" (FP32 with TF32 tensor-core matmuls, CUDA only); "bf16" or
       "fp16" (autocast to that type).
     - `autocast`: whose mechanisms run the recipe: "torch" (`torch.autocast`,
-      `torch.amp.GradScaler`) or "mpcourse" (the course's `mpcourse.autocast`, `GradScaler`,
+      `torch.amp.GradScaler`) or "mpcourse" (the course's `mpcourse.amp.autocast`, `GradScaler`,
       `StaticLossScaler`). Their results agree; the second is slower, being Python.
     - `loss_scaling`: "dynamic" (GradScaler), "static" (a fixed `static_scale`) or "off".
     - `master_weights`: for bf16/fp16, keep the model's parameters in 16 bits with FP32 masters
@@ -153,7 +153,7 @@ class RunConfig:
 LESSON_CPU_CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, batch_size=8, seq_len=32,
                               steps=120, lr=1e-2)
 #: The lab's configuration on a CPU whose bf16 (or fp16) matmuls were measured fast
-#: (`mpcourse.lab_size`): wide enough that matmuls dominate a step, so the speed-up shows, and
+#: (`mpcourse.train.sizing`): wide enough that matmuls dominate a step, so the speed-up shows, and
 #: short enough that fp32 and bf16 runs take seconds each.
 LESSON_CPU_MATMUL_CONFIG = RunConfig(d_model=512, n_layers=2, n_heads=8, batch_size=8, seq_len=128,
                                      steps=12, lr=3e-3, warmup_steps=2)

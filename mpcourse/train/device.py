@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from mpcourse import hardware
-from mpcourse.precision import RUN_PRECISIONS, PrecisionSupport
+from mpcourse.machine import hardware
+from mpcourse.numbers.precision import RUN_PRECISIONS, PrecisionSupport
 from mpcourse.train.config import RunConfig
 
 

@@ -11,14 +11,14 @@ from typing import Iterable
 
 import torch
 
-from mpcourse.autocast import autocast as mpcourse_autocast
-from mpcourse.benchmark import synchronize
-from mpcourse.data import Batches, MarkovText
-from mpcourse.master import MasterWeightOptimizer
-from mpcourse.memory_measure import measure_peak_memory
-from mpcourse.models import GPT, next_token_loss
-from mpcourse.precision import autocast_dtype
-from mpcourse.scaling import GradScaler, StaticLossScaler
+from mpcourse.amp.autocast_mode import autocast as mpcourse_autocast
+from mpcourse.machine.benchmark import synchronize
+from mpcourse.train.data import Batches, MarkovText
+from mpcourse.amp.master import MasterWeightOptimizer
+from mpcourse.memory.measure import measure_peak_memory
+from mpcourse.train.models import GPT, next_token_loss
+from mpcourse.numbers.precision import autocast_dtype
+from mpcourse.amp.scaling import GradScaler, StaticLossScaler
 from mpcourse.train.checkpoint import load_checkpoint, save_checkpoint
 from mpcourse.train.config import RunConfig
 from mpcourse.train.device import precision_support

@@ -1,8 +1,8 @@
 """Pictures of where the dtypes go inside an op, a layer and a sharded step (lessons 03, 07, 08).
 
-- `autocast_blocks`: a traced region of `mpcourse.autocast` as a row of blocks, one per op,
+- `autocast_blocks`: a traced region of `mpcourse.amp.autocast` as a row of blocks, one per op,
   coloured by the dtype the op produced and labelled with its autocast category.
-- `fp8_linear_dataflow`: the FP8 linear of `mpcourse.fp8`: amax, scale, quantize, matmul,
+- `fp8_linear_dataflow`: the FP8 linear of `mpcourse.lowbit.fp8`: amax, scale, quantize, matmul,
   dequantize, with the formats' limits and where current and delayed scaling keep the scales.
 - `collective_timeline`: FSDP2's all-gathers and reduce-scatters per block against DDP's
   all-reduce, annotated with the bytes each rank puts on the wire
@@ -17,11 +17,11 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from mpcourse.autocast import Trace
+from mpcourse.amp.autocast_mode import Trace
 from mpcourse.distributed.costs import wire_bytes
-from mpcourse.formats import FP8_E4M3, FP8_E5M2
-from mpcourse.fp8 import DelayedScaling, Fp8Linear
-from mpcourse.models import Block, GPTConfig
+from mpcourse.numbers.formats import FP8_E4M3, FP8_E5M2
+from mpcourse.lowbit.fp8 import DelayedScaling, Fp8Linear
+from mpcourse.train.models import Block, GPTConfig
 from mpcourse.views.diagrams import (DTYPE_COLOURS, arrow, blank_axes, box, dtype_colour,
                                      dtype_label, dtype_legend)
 
@@ -39,8 +39,8 @@ def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
     front of it (copies the weight cache served are not counted).
     """
     if not isinstance(trace, Trace) or not trace:
-        raise ValueError("trace must be a non-empty mpcourse.autocast Trace, from "
-                         "`with mpcourse.autocast(..., trace=True) as region:` ... region.trace")
+        raise ValueError("trace must be a non-empty mpcourse.amp.autocast Trace, from "
+                         "`with mpcourse.amp.autocast(..., trace=True) as region:` ... region.trace")
     if not isinstance(per_row, int) or per_row < 1:
         raise ValueError(f"per_row must be a positive integer, got {per_row!r}")
     rows = -(-len(trace) // per_row)
@@ -76,7 +76,7 @@ def autocast_blocks(trace: Trace, per_row: int = 8, title: str = "") -> Figure:
 # ---------------------------------------------------------------- 4. the FP8 linear
 
 def fp8_linear_dataflow(layer: Fp8Linear, x: torch.Tensor, y: torch.Tensor) -> Figure:
-    """Forward and backward of `mpcourse.fp8.Fp8Linear`: which tensor goes to which FP8 format,
+    """Forward and backward of `mpcourse.lowbit.fp8.Fp8Linear`: which tensor goes to which FP8 format,
     how its scale is made, and where current and delayed scaling keep the scales.
 
     The dtypes are read off `layer` (delayed scaling, the default) after one forward pass of

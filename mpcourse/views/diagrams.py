@@ -4,13 +4,13 @@ Each function takes a recorded result and returns a matplotlib Figure showing on
 lesson cell is one computation and one call:
 
 - `dtype_flow`: the dtype of every tensor in one training step of a recipe, as
-  `mpcourse.recipe_step.step_dtypes` recorded them from a real tiny step under `torch.autocast`,
+  `mpcourse.amp.recipe_step.step_dtypes` recorded them from a real tiny step under `torch.autocast`,
   so the picture cannot drift from torch.
 - `master_weight_loop`: FP32 masters and 16-bit working copies, with the walk of a weight
-  that receives many small updates (`mpcourse.update_walk.master_walk`).
+  that receives many small updates (`mpcourse.amp.update_walk.master_walk`).
 - `loss_scaler_states`: the dynamic loss scaler's rule as a state machine, beside the scale
-  that `mpcourse.scaling.GradScaler` chose on a run with injected overflows
-  (`mpcourse.scaling_experiments.scale_trace`).
+  that `mpcourse.amp.scaling.GradScaler` chose on a run with injected overflows
+  (`mpcourse.amp.scaling_experiments.scale_trace`).
 
 Colours: one colour per dtype in every picture (`DTYPE_COLOURS`, the Okabe-Ito palette, which
 stays distinguishable under the common colour-vision deficiencies).
@@ -22,13 +22,13 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from mpcourse import precision
-from mpcourse.formats import BF16
-from mpcourse.inspect_value import neighbours
-from mpcourse.recipe_step import Recipe, StepDtypes
-from mpcourse.scaling import GradScaler
-from mpcourse.scaling_experiments import ScaleTrace
-from mpcourse.update_walk import MasterWalk
+from mpcourse.numbers import precision
+from mpcourse.numbers.formats import BF16
+from mpcourse.numbers.inspect_value import neighbours
+from mpcourse.amp.recipe_step import Recipe, StepDtypes
+from mpcourse.amp.scaling import GradScaler
+from mpcourse.amp.scaling_experiments import ScaleTrace
+from mpcourse.amp.update_walk import MasterWalk
 
 #: One colour per number format, the same in every picture (Okabe-Ito, colour-blind safe).
 DTYPE_COLOURS = {"fp32": "#0072B2", "tf32": "#56B4E9", "bf16": "#E69F00", "fp16": "#D55E00",
@@ -112,7 +112,7 @@ def dtype_flow(d: StepDtypes) -> Figure:
     """The dtype of each tensor in one training step of a recipe, as torch really ran it.
 
     Forward runs left to right along the top, backward and the optimizer right to left along
-    the bottom. Each box shows a tensor and the dtype `mpcourse.recipe_step.step_dtypes`
+    the bottom. Each box shows a tensor and the dtype `mpcourse.amp.recipe_step.step_dtypes`
     recorded for it.
     """
     masters = d.optimizer_param != d.parameter
@@ -163,9 +163,9 @@ def dtype_flow(d: StepDtypes) -> Figure:
 
 def master_weight_loop(d: StepDtypes, walks: MasterWalk) -> Figure:
     """Left: the loop between FP32 masters and 16-bit working weights, with the dtypes of a
-    real step whose parameters are 16-bit (`mpcourse.recipe_step.step_dtypes`). Right: a weight
+    real step whose parameters are 16-bit (`mpcourse.amp.recipe_step.step_dtypes`). Right: a weight
     under many small updates, kept alone in BF16 and kept as an FP32 master
-    (`mpcourse.update_walk.master_walk`)."""
+    (`mpcourse.amp.update_walk.master_walk`)."""
     if d.optimizer_param == d.parameter:
         raise ValueError(f"the step has no masters: its parameters are {d.parameter}, and the "
                          "optimizer updates them directly; record a step with 16-bit parameters")
@@ -208,7 +208,7 @@ def master_weight_loop(d: StepDtypes, walks: MasterWalk) -> Figure:
 
 def loss_scaler_states(trace: ScaleTrace) -> Figure:
     """Left: `GradScaler`'s rule, with torch's names and defaults. Right: the scale a real
-    `mpcourse.scaling.GradScaler` chose in a run whose gradients overflowed on purpose."""
+    `mpcourse.amp.scaling.GradScaler` chose in a run whose gradients overflowed on purpose."""
     default = GradScaler()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), width_ratios=(1.25, 1))
     blank_axes(left, 7.4, 4.8)

@@ -2,7 +2,7 @@
 kind of tensor, and the memory of one measured training step, event by event."""
 from __future__ import annotations
 
-from mpcourse.memory import MB, MemoryBreakdown
+from mpcourse.memory.accounting import MB, MemoryBreakdown
 
 # One colour per kind of tensor, the same in every picture of this module.
 KIND_COLOURS = {"parameters": "C0", "master parameters": "C1", "activations": "C2",

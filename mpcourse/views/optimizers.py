@@ -1,6 +1,6 @@
 """Pictures of lesson 11: the Kahan split, a step's memory per rung, and the ladder's cost and loss.
 
-Views only draw results computed elsewhere (`mpcourse.kahan`, `mpcourse.ladder_measure`,
+Views only draw results computed elsewhere (`mpcourse.optim.kahan`, `mpcourse.train.variants.ladder_measure`,
 `mpcourse.train`); each returns its figure.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 
-from mpcourse.ladder_measure import SeedInterval
+from mpcourse.train.variants.ladder_measure import SeedInterval
 
 
 def plot_kahan_split(weights: Sequence[float], compensations: Sequence[float],

@@ -17,8 +17,8 @@ import pytest
 
 from mpcourse.grading.gradebook import SubmissionResult, write_gradebook
 from mpcourse.grading.grader import Options
-from mpcourse.grading.limits import WALL_FACTOR
-from mpcourse.grading.selfcheck import TestResult as Verdict
+from mpcourse.grading.sandbox.limits import WALL_FACTOR
+from mpcourse.grading.judging.selfcheck import TestResult as Verdict
 
 EXERCISES = {"ex00_bytes": ["fp32_ten_million", "fp16_ten_million", "bf16_matches_torch", "any_size_matches_torch"],
              "ex05_scaler_update": ["backoff_on_overflow", "count_clean_iterations", "growth_at_interval",

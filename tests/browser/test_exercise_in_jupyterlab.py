@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 
 from lab_page import LessonPage
-from mpcourse.grading.exercise import has_code, is_test_cell, visible
-from mpcourse.grading.release import STUB
+from mpcourse.grading.judging.exercise import has_code, is_test_cell, visible
+from mpcourse.grading.judging.release import STUB
 
 ROOT = Path(__file__).resolve().parents[2]
 EXERCISE = ROOT / "exercises" / "ex00_bytes.ipynb"

@@ -26,7 +26,7 @@ import pytest
 
 import mpcourse
 from install import ROOT, bare_python, clean_env, run
-from mpcourse.grading.checkable import SHIPPED
+from mpcourse.grading.judging.checkable import SHIPPED
 from mpcourse.hosted import SOURCE_VARIABLE
 
 LESSONS = ["notebooks/00_welcome.ipynb", "notebooks/06_training_lab.ipynb"]

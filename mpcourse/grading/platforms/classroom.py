@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
-from mpcourse.grading.exercise import has_code, is_check_cell, is_test_cell, visible
+from mpcourse.grading.judging.exercise import has_code, is_check_cell, is_test_cell, visible
 
 WORKFLOW_NAME, JOB = "Autograding Tests", "run-autograding-tests"  # the names Classroom looks for
 COMMAND_GRADER = "classroom-resources/autograding-command-grader@v1"
@@ -73,7 +73,8 @@ def find_course_root(start: str | Path = ".") -> Path:
         or course_root()
 
 
-def workflow(exercises: str | Path, timeout_minutes: int = 10, root: str | Path | None = None) -> tuple[dict, dict]:
+def workflow(exercises: str | Path, timeout_minutes: int = 10,
+             root: str | Path | None = None) -> tuple[dict, dict]:
     """The workflow and the classroom config for every exercise notebook in `exercises`.
 
     `exercises` is resolved from the course's root (`root`, or the one above the current folder);
@@ -96,21 +97,25 @@ def workflow(exercises: str | Path, timeout_minutes: int = 10, root: str | Path 
     for notebook in notebooks:
         for test_id, points in visible_tests(notebook):
             ident = step_id(notebook.stem, test_id)
-            command = f"python -m mpcourse.grading.platforms.classroom {(folder / notebook.name).as_posix()} {test_id}"
+            command = (f"python -m mpcourse.grading.platforms.classroom "
+                       f"{(folder / notebook.name).as_posix()} {test_id}")
             score = int(points) if points == int(points) else points
             steps.append({"name": f"{notebook.stem}: {test_id}", "id": ident, "uses": COMMAND_GRADER,
                           "with": {"test-name": f"{notebook.stem}: {test_id}", "setup-command": "",
                                    "command": command, "timeout": timeout_minutes, "max-score": score}})
-            config["tests"].append({"name": f"{notebook.stem}: {test_id}", "setup": "", "run": command, "input": "",
+            config["tests"].append({"name": f"{notebook.stem}: {test_id}", "setup": "",
+                                    "run": command, "input": "",
                                     "output": "", "comparison": "included", "timeout": timeout_minutes,
                                     "points": score})
             runners.append(ident)
     steps.append({"name": "Autograding Reporter", "uses": REPORTER,
-                  "env": {f"{ident.upper()}_RESULTS": f"${{{{steps.{ident}.outputs.result}}}}" for ident in runners},
+                  "env": {f"{ident.upper()}_RESULTS": f"${{{{steps.{ident}.outputs.result}}}}"
+                          for ident in runners},
                   "with": {"runners": ",".join(runners)}})
     # GitHub Classroom's template lists the events; a mapping triggers the same and passes actionlint,
     # which refuses repository_dispatch in a list
-    flow = {"name": WORKFLOW_NAME, "on": {"push": None, "workflow_dispatch": None, "repository_dispatch": None},
+    flow = {"name": WORKFLOW_NAME, "on": {"push": None, "workflow_dispatch": None,
+                                          "repository_dispatch": None},
             "permissions": {"checks": "write", "actions": "read", "contents": "read"},
             "jobs": {JOB: {"runs-on": "ubuntu-latest", "if": "github.actor != 'github-classroom[bot]'",
                            "steps": steps}}}
@@ -146,7 +151,7 @@ def run_visible_tests(notebook: Path) -> dict[str, dict]:
     """Run the learner's code cells in an IPython shell, then `check()`: {test id: {passed, reason}}."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from mpcourse.grading.selfcheck import check
+    from mpcourse.grading.judging.selfcheck import check
     shell = InteractiveShell.instance()
     for cell in nbformat.read(notebook, as_version=4).cells:
         if cell.cell_type == "code" and not is_test_cell(cell) and not is_check_cell(cell):
@@ -168,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         CACHE.mkdir(exist_ok=True)
         cached.write_text(json.dumps(results))
     if test_id not in results["tests"]:
-        print(f"{notebook}: no visible test {test_id!r}; its tests: {', '.join(results['tests'])}", file=sys.stderr)
+        print(f"{notebook}: no visible test {test_id!r}; its tests: {', '.join(results['tests'])}",
+              file=sys.stderr)
         return 2
     outcome = results["tests"][test_id]
     print(f"{test_id}: {'pass' if outcome['passed'] else 'FAIL'}  {outcome['reason'] or ''}")

@@ -41,7 +41,8 @@ def shown(text, limit: int = MAX_OUTPUT_CHARS) -> str:
 
 
 def results_json(expected: list[Expected], graded: dict[str, SubmissionResult], hidden_visibility: str,
-                 problems: list[str] = (), seconds: float = 0.0, waiting: dict[str, str] | None = None) -> dict:
+                 problems: list[str] = (), seconds: float = 0.0, waiting: dict[str,
+                                                                               str] | None = None) -> dict:
     """results.json for one Gradescope submission.
 
     `graded` maps an exercise name to its result. An expected exercise without one scores 0, with
@@ -58,7 +59,8 @@ def results_json(expected: list[Expected], graded: dict[str, SubmissionResult], 
     for number, exercise in enumerate(expected, 1):
         result = graded.get(exercise.name)
         by_id = {t.id: t for t in result.tests} if result else {}
-        why_missing = (result.error if result and result.error else None) or waiting.get(exercise.name, NOT_SUBMITTED)
+        why_missing = ((result.error if result and result.error else None)
+                       or waiting.get(exercise.name, NOT_SUBMITTED))
         for index, (test_id, points) in enumerate(exercise.tests, 1):
             got = by_id.get(test_id)
             passed = bool(got and got.passed)
@@ -68,13 +70,15 @@ def results_json(expected: list[Expected], graded: dict[str, SubmissionResult], 
                           "status": "passed" if passed else "failed", "output": shown(reason),
                           "visibility": hidden_visibility if test_id in exercise.hidden else "visible"})
         if result is None:
-            lines.append(f"{exercise.name}: {shown(why_missing, 300)}" + (
-                f" (expected a notebook named {exercise.name}.ipynb)" if why_missing == NOT_SUBMITTED else ""))
+            expected = (f" (expected a notebook named {exercise.name}.ipynb)"
+                        if why_missing == NOT_SUBMITTED else "")
+            lines.append(f"{exercise.name}: {shown(why_missing, 300)}{expected}")
             continue
         total = sum(points for _, points in exercise.tests)
-        lines.append(f"{exercise.name}: graded; its total is not shown while some of its tests are hidden" if exercise.hidden
-                     else f"{exercise.name}: {result.score:g}/{total:g}")
-        lines.extend(f"  {shown(note, 500)}" for note in ([result.error] if result.error else []) + list(result.notes))
+        lines.append(f"{exercise.name}: graded; its total is not shown while some of its tests are hidden"
+                     if exercise.hidden else f"{exercise.name}: {result.score:g}/{total:g}")
+        notes = ([result.error] if result.error else []) + list(result.notes)
+        lines.extend(f"  {shown(note, 500)}" for note in notes)
     return {"output": "\n".join(lines), "output_format": "text", "test_output_format": "text",
             "test_name_format": "text", "stdout_visibility": "hidden", "execution_time": round(seconds),
             "tests": tests}

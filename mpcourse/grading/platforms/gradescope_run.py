@@ -26,18 +26,19 @@ import time
 import traceback
 from pathlib import Path
 
-from mpcourse.grading.exercise import exercise_id
+from mpcourse.grading.judging.exercise import exercise_id
 from mpcourse.grading.gradebook import format_result
 from mpcourse.grading.grader import Options, grade_paths, load_exercises, plan_exercises
 from mpcourse.grading.platforms.gradescope_results import Expected, results_json, write_results
-from mpcourse.grading.isolation import USER, choose_isolation, unreachable_by_others
+from mpcourse.grading.sandbox.isolation import USER, choose_isolation, unreachable_by_others
 
 CONFIG = "mpcourse-autograder.json"
 MAX_UPLOAD_BYTES = 64 << 20  # larger notebooks are cut here; the grader refuses them anyway
 DEFAULT_TOTAL_SECONDS = 540.0  # under Gradescope's default autograder timeout of 10 minutes
 PENDING = "grading did not finish; your submission was received"
 NO_SANDBOX = "the autograder could not start; your submission was received. Your instructor can see why"
-OUT_OF_TIME = "not graded: the autograder's total time ran out before this notebook; your submission was received"
+OUT_OF_TIME = ("not graded: the autograder's total time ran out before this notebook; your submission was "
+               "received")
 MIN_SECONDS = 10.0  # a notebook is not started with less time than this left
 
 
@@ -54,7 +55,8 @@ def notebooks(folder: Path) -> list[Path]:
     for top, folders, files in os.walk(folder, followlinks=False):
         folders[:] = sorted(f for f in folders if not f.startswith((".", "__MACOSX")))
         found += [Path(top) / name for name in sorted(files)
-                  if name.endswith(".ipynb") and not name.startswith(".") and not (Path(top) / name).is_symlink()]
+                  if name.endswith(".ipynb") and not name.startswith(".")
+                  and not (Path(top) / name).is_symlink()]
     return found
 
 
@@ -76,11 +78,12 @@ def choose(uploaded: list[Path], expected: list[Expected]) -> tuple[dict[str, Pa
             chosen[exercise.name] = (exact or matches)[0]
             others = [p.name for p in matches if p != chosen[exercise.name]]
             if others:
-                problems.append(f"{exercise.name}: graded {chosen[exercise.name].name}; also uploaded, not graded: "
-                                f"{', '.join(others[:5])}")
+                problems.append(f"{exercise.name}: graded {chosen[exercise.name].name}; also uploaded, not "
+                                f"graded: {', '.join(others[:5])}")
         elif matches:
             problems.append(f"{exercise.name}: {len(matches)} notebooks could be this exercise "
-                            f"({', '.join(p.name for p in matches[:5])}); upload one, named {exercise.name}.ipynb")
+                            f"({', '.join(p.name for p in matches[:5])}); upload one, named "
+                            f"{exercise.name}.ipynb")
         elif len(expected) == 1 and len(uploaded) == 1 and exercise_id(uploaded[0].name) is None:
             chosen[exercise.name] = uploaded[0]
             used.add(uploaded[0])
@@ -148,25 +151,28 @@ def grade(root: Path, config: dict, expected: list[Expected], results_path: Path
                 graded[name] = result
                 print(format_result(result), flush=True)
             del pending[name]
-            write_results(results_json(expected, graded, visibility, problems, time.monotonic() - start, pending),
+            write_results(results_json(expected, graded, visibility, problems,
+                                       time.monotonic() - start, pending),
                           results_path)
     return results_json(expected, graded, visibility, problems, time.monotonic() - start, pending)
 
 
 def check(root: Path, config: dict, expected: list[Expected]) -> int:
-    """setup.sh --check: the solutions match the configuration, and a sandbox can be made (or may be skipped)."""
+    """setup.sh --check: the solutions match the configuration, and a sandbox can be made (or may be
+    skipped)."""
     exercises = {e.name: e for e in load_exercises(root / "source" / "solutions").values()}
     failures = 0
     for wanted in expected:
         got = exercises.get(wanted.name)
         tests = tuple((t.id, t.points) for t in got.tests) if got else None
         if tests != wanted.tests:
-            print(f"setup.sh --check: {wanted.name}: the solution's tests {tests} differ from the configuration's "
-                  f"{wanted.tests}")
+            print(f"setup.sh --check: {wanted.name}: the solution's tests {tests} differ from the "
+                  f"configuration's {wanted.tests}")
             failures += 1
     isolation = choose_isolation()
     if isolation.usable:
-        works = "the bubblewrap sandbox works here" if isolation.kind != USER else "the fallback sandbox works here"
+        works = ("the bubblewrap sandbox works here" if isolation.kind != USER
+                 else "the fallback sandbox works here")
         print(f"setup.sh --check: {works}; run_autograder will grade in this {isolation.summary()}")
         if isolation.kind == USER and not isolation.walls and not unreachable_by_others(root / "source"):
             print(f"setup.sh --check: {root / 'source'} is readable by other users, and without Landlock the "
@@ -196,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # the learner still gets results.json, and the instructor the traceback
         traceback.print_exc()
         results = results_json(expected, {}, config["hidden_visibility"],
-                               [f"the autograder failed ({type(error).__name__}); your submission was received "
-                                "and your instructor can see why"])
+                               [f"the autograder failed ({type(error).__name__}); your submission was "
+                                "received and your instructor can see why"])
     write_results(results, results_path)
     return 0
 

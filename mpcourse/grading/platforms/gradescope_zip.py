@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 
 import mpcourse
-from mpcourse.grading.exercise import BEGIN_HIDDEN, is_test_cell
+from mpcourse.grading.judging.exercise import BEGIN_HIDDEN, is_test_cell
 from mpcourse.grading.grader import load_exercises
 from mpcourse.grading.platforms.gradescope_results import HIDDEN_CHOICES
 from mpcourse.grading.platforms.gradescope_run import DEFAULT_TOTAL_SECONDS
@@ -44,7 +44,8 @@ VENV="$ROOT/venv"
 PYTHON="${MPCOURSE_PYTHON:-$VENV/bin/python}"
 LOCK="$SOURCE/course/requirements-lock.txt"  # the locked dependencies; the one place this script names them
 TORCH_SPEC="${TORCH_SPEC:-@TORCH_SPEC@}"  # the torch the lock was resolved with (the Makefile's LOCKED_TORCH)
-TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"  # CPU wheels: PyPI's Linux torch is a CUDA build
+# CPU wheels: PyPI's Linux torch is a CUDA build
+TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 check() {
   "$PYTHON" -I -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null \
@@ -64,7 +65,11 @@ apt-get update
 # profile refuses them, run_autograder grades in the fallback: each submission as an unprivileged
 # user, walled in by Landlock where the kernel has it, with the source and results kept root's.
 apt-get install -y --no-install-recommends bubblewrap python3-venv python3-pip
-if apt-get install -y --no-install-recommends python3.11 python3.11-venv; then BASE=python3.11; else BASE=python3; fi
+if apt-get install -y --no-install-recommends python3.11 python3.11-venv; then
+    BASE=python3.11
+else
+    BASE=python3
+fi
 "$BASE" -m venv "$VENV"
 "$VENV/bin/pip" install --upgrade pip
 if [ -f "$LOCK" ]; then
@@ -105,7 +110,8 @@ def hidden_test_ids(solution: Path) -> list[str]:
 def locked_torch(root: Path) -> str:
     """The torch requirement the lock was resolved with: the Makefile's LOCKED_TORCH, else any torch."""
     makefile = root / "Makefile"
-    found = re.search(r"^LOCKED_TORCH\s*:?=\s*(\S+)", makefile.read_text(), re.M) if makefile.is_file() else None
+    found = re.search(r"^LOCKED_TORCH\s*:?=\s*(\S+)", makefile.read_text(),
+                      re.M) if makefile.is_file() else None
     return f"torch=={found.group(1)}" if found else "torch"
 
 
@@ -113,8 +119,9 @@ def course_root() -> Path:
     """The checkout `mpcourse` is imported from (the zip installs this copy of the course)."""
     root = Path(mpcourse.__file__).resolve().parents[1]
     if not (root / "pyproject.toml").is_file():
-        raise ValueError(f"mpcourse is imported from {root}, which is not a course checkout (no pyproject.toml); "
-                         "run this command from the course's repository with its package installed in editable mode")
+        raise ValueError(f"mpcourse is imported from {root}, which is not a course checkout (no "
+                         "pyproject.toml); run this command from the course's repository with its package "
+                         "installed in editable mode")
     return root
 
 
@@ -128,7 +135,8 @@ def build_autograder(solutions: str | Path, out: str | Path, exercises: list[str
     Returns the configuration written into the zip.
     """
     if hidden_visibility not in HIDDEN_CHOICES:
-        raise ValueError(f"--hidden-visibility must be one of {', '.join(HIDDEN_CHOICES)}, got {hidden_visibility!r}")
+        raise ValueError(f"--hidden-visibility must be one of {', '.join(HIDDEN_CHOICES)}, got "
+                         f"{hidden_visibility!r}")
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
     if not total_seconds > 0:
@@ -142,7 +150,8 @@ def build_autograder(solutions: str | Path, out: str | Path, exercises: list[str
         raise ValueError(f"no solution for {', '.join(map(repr, unknown))} in {str(solutions)!r}; "
                          f"known: {', '.join(sorted(by_name))}")
     chosen = [loaded[key] for key in dict.fromkeys(keys)]
-    config = {"format": 1, "hidden_visibility": hidden_visibility, "timeout": timeout, "total_seconds": total_seconds,
+    config = {"format": 1, "hidden_visibility": hidden_visibility, "timeout": timeout,
+              "total_seconds": total_seconds,
               "allow_unsandboxed": allow_unsandboxed,
               "exercises": [{"name": e.name, "tests": [[t.id, t.points] for t in e.tests],
                              "hidden": hidden_test_ids(solutions / f"{e.name}.ipynb")} for e in chosen]}

@@ -59,14 +59,16 @@ def scores_by_learner(gradebook: str | Path):
         learner = learner_of(result.path)
         first = seen.setdefault((learner, result.exercise), result.path)
         if first != result.path:
-            raise ValueError(f"learner {learner!r} handed in {result.exercise} twice ({first} and {result.path}); "
+            raise ValueError(f"learner {learner!r} handed in {result.exercise} twice ({first} and "
+                             f"{result.path}); "
                              "the LMS gradebook needs one submission per learner and exercise")
         maxima[result.exercise] = result.max_score
         learners.setdefault(learner, {})[result.exercise] = result.score
     return sorted(maxima), maxima, learners, roster_of(r.path for r in results)
 
 
-def lms_rows(lms: str, gradebook: str | Path, assignment_ids: dict[str, str] | None = None) -> list[list[str]]:
+def lms_rows(lms: str, gradebook: str | Path, assignment_ids: dict[str,
+                                                                   str] | None = None) -> list[list[str]]:
     """The rows of the LMS import, header first."""
     if lms not in LMS:
         raise ValueError(f"--lms must be among {', '.join(LMS)}, got {lms!r}")

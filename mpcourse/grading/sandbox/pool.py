@@ -1,0 +1,124 @@
+"""Grading processes: one per submission, each under its own memory and time limit, retried once.
+
+The grader decodes every reply and runs the plain tests itself, so a hostile reply reaches a
+grading process. Each submission is therefore graded in a process of its own, forked from the
+grader once the solutions are planned:
+
+- its address space is limited (`memory`): a reply that makes it allocate too much costs a
+  MemoryError in that submission's grading, never the grader's memory or a classmate's grade;
+- it has `seconds` of wall clock to finish, a backstop (the grader passes its budgets' CPU
+  seconds times the wall-clock factor, `grader.submission_backstop`): a SIGALRM inside it first
+  (the grading code turns it into a timed-out result that keeps the points already earned),
+  then, `GRACE` seconds later, a kill;
+- a process that dies without a result (killed by the kernel's OOM killer, a crash) is started
+  again once; if it dies again, or runs out of time, the submission is reported as not graded,
+  with why, and the others go on.
+
+At most `jobs` processes run at once. Results come back through a pipe as the grader's own
+objects, pickled by this process's own code (no submission runs in it). Forking a process that
+has loaded torch is safe on Linux only (macOS's system frameworks abort in a forked child), and
+only Linux has the sandbox: elsewhere, reachable only with --unsafe-no-sandbox, submissions are
+graded one after the other in the grader's own process, without these limits.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+GRACE = 30.0  # seconds between the in-process alarm and the kill
+ATTEMPTS = 2  # a crashed grading process is retried once
+
+
+class OutOfTime(Exception):
+    """The submission's grading used up its time (raised in the grading process by SIGALRM)."""
+
+
+@dataclass
+class Task:
+    index: int
+    path: str
+    seconds: float
+    attempts: int = 0
+
+
+def _alarm(signum, frame):
+    raise OutOfTime("the submission's grading used up its time")
+
+
+def _child(connection, grade, path, memory: int, seconds: float):
+    """In the grading process: limits, then the submission's grade sent back to the grader."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS,
+                       (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    result = grade(path)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    connection.send(result)
+    connection.close()
+
+
+def grade_in_processes(paths, grade, seconds_for, jobs: int, memory: int):
+    """Yield (index, result, None) or (index, None, why not graded) for each path, as they finish.
+
+    `grade(path)` runs in the grading process; `seconds_for(path)` is its wall-clock backstop."""
+    if sys.platform != "linux":
+        for index, path in enumerate(paths):
+            yield index, grade(path), None
+        return
+    context = multiprocessing.get_context("fork")
+    waiting = [Task(i, p, seconds_for(p)) for i, p in enumerate(paths)]
+    waiting.reverse()
+    running = {}  # connection -> (task, process, kill time)
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            task = waiting.pop()
+            task.attempts += 1
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=(send, grade, task.path, memory,
+                                                           task.seconds), daemon=True)
+            process.start()
+            send.close()
+            running[receive] = (task, process, time.monotonic() + task.seconds + GRACE)
+        soonest = min(kill for _, _, kill in running.values())
+        ready = wait(list(running) + [p.sentinel for _, p, _ in running.values()],
+                     timeout=max(0.0, soonest - time.monotonic()))
+        for connection, (task, process, kill) in list(running.items()):
+            result, why = None, None
+            if connection in ready or process.sentinel in ready:
+                try:
+                    result = connection.recv() if connection.poll() else None
+                except (EOFError, OSError):
+                    result = None
+                if result is None:
+                    process.join(5)
+                    why = _death(process)
+            elif time.monotonic() >= kill:
+                process.kill()
+                why = f"its grading process ran past {task.seconds + GRACE:.0f} s and was killed"
+            else:
+                continue
+            del running[connection]
+            connection.close()
+            process.join(5)
+            if result is None and why.startswith("its grading process died") and task.attempts < ATTEMPTS:
+                waiting.append(task)
+                continue
+            if result is None and task.attempts > 1:
+                why += f" (attempt {task.attempts} of {ATTEMPTS})"
+            yield task.index, result, why
+
+
+def _death(process) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"its grading process died: killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"its grading process died: signal {-code}"
+    return f"its grading process died: exit status {code}"
