@@ -22,7 +22,7 @@ import nbformat
 import pytest
 import torch
 
-from grading_budgets import backstop, sandbox_processes
+from grading_budgets import backstop, program_backstop, sandbox_processes
 from mpcourse.grading.instructor import class_run
 from mpcourse.grading.judging import codec
 from mpcourse.grading import gradebook, grader
@@ -73,6 +73,28 @@ PROBE = textwrap.dedent('''
 def _probe(worker, deadline):
     worker.request({"op": "run_cell", "source": PROBE}, deadline)
     return codec.decode(worker.request({"op": "value", "name": "probe"}, deadline)["value"])
+
+
+def test_the_fallback_worker_passes_over_import_path_entries_that_are_not_folders(tmp_path):
+    """An editable install of the course puts a path hook's key on sys.path; the fallback worker,
+    which reroutes Python's folders that its uid cannot search, must leave such an entry alone,
+    even in its private 0700 working folder (a relative path there is not searchable by others).
+    In a process of its own: loading the worker registers its sibling modules."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    program = textwrap.dedent(f"""
+        import importlib.util, json, sys
+        spec = importlib.util.spec_from_file_location("worker", {str(ROOT / "mpcourse/grading/sandbox/worker.py")!r})
+        worker = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(worker)
+        sys.path[:] = ["__editable__.mpcourse-0.1.0.finder.__path_hook__", "", "/usr"]
+        worker._keep_python_reachable()
+        print(json.dumps(sys.path))
+        """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=private,
+                          timeout=program_backstop())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == ["__editable__.mpcourse-0.1.0.finder.__path_hook__", "", "/usr"]
 
 
 def test_the_filter_is_classic_bpf_for_each_machine_and_names_an_unknown_one():

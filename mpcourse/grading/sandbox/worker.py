@@ -80,10 +80,12 @@ def _keep_python_reachable():
     """Python's own folders as the unprivileged uid will reach them. A Python installed under a
     folder only root may enter (pyenv's /root/.pyenv) is reached through a descriptor opened now,
     as root, on the folder just inside (/proc/self/fd/N/...): only those folders, nothing else
-    of /root. Import paths, and those of packages already imported, are rewritten to it."""
+    of /root. Import paths, and those of packages already imported, are rewritten to it. Only
+    absolute entries are folders: a relative one is the working folder or a path hook's key
+    (setuptools' editable install adds `__editable__.<name>.finder.__path_hook__`)."""
     moved = {}
     for entry in list(sys.path):
-        blocked = _blocked(entry) if entry else None
+        blocked = _blocked(entry) if os.path.isabs(entry) else None
         if blocked is None:
             continue
         inside = blocked / Path(entry).relative_to(blocked).parts[0]
