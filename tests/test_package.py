@@ -218,3 +218,15 @@ def test_no_package_holds_more_than_ten_modules(package):
 def test_the_top_level_holds_only_the_front_ends():
     assert {p.stem for p in PACKAGE.glob("*.py")} == {"__init__", "cli", "course", "hosted", "hosted_session",
                                                      "widgets"}
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_lessons_take_their_pictures_from_the_views_front_door(notebook):
+    """A lesson draws with `from mpcourse.views import ...`: no lesson teaches how a view draws, so
+    none needs a view module's own path (the mechanisms' modules, whose insides lessons do teach,
+    may be imported by path)."""
+    import nbformat
+    code = "\n".join(c.source for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code")
+    by_path = [line for line in code.splitlines() if line.lstrip().startswith(("from mpcourse.views.",
+                                                                              "import mpcourse.views."))]
+    assert not by_path, f"{notebook.name} imports views by module path: {by_path}"

@@ -5,7 +5,7 @@ import torch
 
 from mpcourse.optim.kahan import compensated_add
 from mpcourse.train.variants.ladder_measure import SeedInterval, seed_interval
-from mpcourse.views.optimizers import plot_kahan_split, plot_ladder, plot_step_memory
+from mpcourse.views.optimizers import plot_kahan_split, plot_ladder, plot_rung_memory
 
 matplotlib.use("Agg")
 
@@ -28,7 +28,7 @@ def test_kahan_split_draws_the_weight_the_sum_and_the_compensation_in_gaps():
 
 def test_step_memory_bars_are_the_measurements():
     labels, kept, one, every = ["a", "b"], [16, 8], [18, 13.7], [18, 19.8]
-    fig = plot_step_memory(labels, kept, one, every, predicted=[18.1, 19.7])
+    fig = plot_rung_memory(labels, kept, one, every, predicted=[18.1, 19.7])
     widths = sorted(round(bar.get_width(), 6) for bar in fig.axes[0].patches)
     assert widths == sorted(kept + one + every)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == labels

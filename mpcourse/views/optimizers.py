@@ -40,7 +40,7 @@ def plot_kahan_split(weights: Sequence[float], compensations: Sequence[float],
     return fig
 
 
-def plot_step_memory(labels: Sequence[str], kept: Sequence[float], per_tensor: Sequence[float],
+def plot_rung_memory(labels: Sequence[str], kept: Sequence[float], per_tensor: Sequence[float],
                      all_at_once: Sequence[float], predicted: Sequence[float]):
     """Bytes per parameter of each rung: kept between steps, and the measured peak of `step()`
     one tensor at a time and all at once; a tick marks each prediction."""
