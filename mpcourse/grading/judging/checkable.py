@@ -20,8 +20,9 @@ from pathlib import Path
 
 import nbformat
 
-from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, EXERCISE_NAME, defined_names, has_code,
-                                                has_solution, is_check_cell, is_test_cell, visible, without_markers)
+from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, EXERCISE_NAME, defined_names,
+                                                has_code, has_solution, is_check_cell, is_test_cell, visible,
+                                                without_markers)
 
 #: Where the package keeps the shipped visible tests, and where `mpcourse release` writes them
 #: (relative to the course's root, the folder that holds `solutions/`).
@@ -63,8 +64,8 @@ class Checkable:
                     tuple(VisibleTest(**t) for t in data["tests"]), data["hidden_points"],
                     tuple(data["write_yourself"]))
         if found.fingerprint != stored:
-            raise ValueError(f"the shipped tests of {found.exercise} are damaged (fingerprint {found.fingerprint}, "
-                             f"stored {stored}): reinstall mpcourse")
+            raise ValueError(f"the shipped tests of {found.exercise} are damaged "
+                             f"(fingerprint {found.fingerprint}, stored {stored}): reinstall mpcourse")
         return found
 
 
@@ -89,8 +90,8 @@ def from_notebook(nb: nbformat.NotebookNode, name: str) -> Checkable:
     if ("answers" not in meta or "setup" not in meta) and any(has_solution(c) for c in nb.cells):
         meta = {**meta, **check_metadata(nb)}
     if "answers" not in meta or "setup" not in meta:
-        raise ValueError(f"{name} lacks the metadata `mpcourse release` writes (its answers and setup cells): "
-                         "take a fresh copy of the exercise")
+        raise ValueError(f"{name} lacks the metadata `mpcourse release` writes (its answers and setup "
+                         "cells): take a fresh copy of the exercise")
     tests, hidden_points = [], 0.0
     for cell in nb.cells:
         if not is_test_cell(cell):
@@ -105,8 +106,8 @@ def from_notebook(nb: nbformat.NotebookNode, name: str) -> Checkable:
         raise ValueError(f"{name} has no graded test cells, so there is nothing to check")
     setup_ids = set(meta["setup"])
     return Checkable(meta.get("exercise", name), tuple(meta["answers"]),
-                     tuple(c.source for c in nb.cells if c.get("id") in setup_ids), tuple(tests), hidden_points,
-                     tuple(meta.get("write_yourself", ())))
+                     tuple(c.source for c in nb.cells if c.get("id") in setup_ids), tuple(tests),
+                     hidden_points, tuple(meta.get("write_yourself", ())))
 
 
 def known() -> list[str]:
@@ -122,13 +123,14 @@ def shipped(exercise: str, release: str | None = None) -> Checkable:
         raise ValueError(f"check({exercise!r}): not an exercise of this course; pass one of "
                          f"{', '.join(names)}, or a notebook's path ending in .ipynb")
     if exercise not in names:
-        raise ValueError(f"The installed mpcourse does not know exercise {exercise!r} (it knows {', '.join(names)}), "
-                         f"so it is older than this notebook: {update_advice()}")
+        raise ValueError(f"The installed mpcourse does not know exercise {exercise!r} "
+                         f"(it knows {', '.join(names)}), so it is older than this notebook: "
+                         f"{update_advice()}")
     found = Checkable.from_json((SHIPPED / f"{exercise}.json").read_text())
     if release is not None and release != found.fingerprint:
-        raise ValueError(f"This notebook was released from another version of the course than the installed "
-                         f"mpcourse (the tests of {exercise}: release {release!r} here, {found.fingerprint!r} in "
-                         f"the package): {update_advice()}")
+        raise ValueError(f"This notebook was released from another version of the course than the "
+                         f"installed mpcourse (the tests of {exercise}: release {release!r} here, "
+                         f"{found.fingerprint!r} in the package): {update_advice()}")
     return found
 
 

@@ -96,7 +96,8 @@ def is_check_cell(cell) -> bool:
 
 
 def has_solution(cell) -> bool:
-    return cell.cell_type == "code" and any(line.strip() == BEGIN_SOLUTION for line in cell.source.splitlines())
+    return cell.cell_type == "code" and any(line.strip() == BEGIN_SOLUTION
+                                            for line in cell.source.splitlines())
 
 
 def replace_regions(source: str, begin: str, end: str, replacement=None, *, where: str = "cell") -> str:
@@ -134,7 +135,8 @@ HIDDEN_NOTE = "# (hidden tests here run only when your work is graded)"
 
 def visible(test_source: str, where: str = "test") -> str:
     """A test's code as the learner sees it: hidden tests replaced by a note saying so."""
-    return replace_regions(test_source, BEGIN_HIDDEN, END_HIDDEN, lambda indent: [indent + HIDDEN_NOTE], where=where)
+    return replace_regions(test_source, BEGIN_HIDDEN, END_HIDDEN, lambda indent: [indent + HIDDEN_NOTE],
+                           where=where)
 
 
 def has_code(source: str) -> bool:
@@ -174,7 +176,8 @@ def load_exercise(path: str | Path) -> Exercise:
     meta = nb.metadata.get("mpcourse", {})
     return Exercise(path.stem, tuple(setup), tuple(dict.fromkeys(answers)), tuple(tests),
                     write_yourself=tuple(meta.get("write_yourself", ())),
-                    by_hand={k: tuple(v) for k, v in meta.get("by_hand", {}).items()}, code_cells=tuple(code_cells))
+                    by_hand={k: tuple(v) for k, v in meta.get("by_hand", {}).items()},
+                    code_cells=tuple(code_cells))
 
 
 def learner_cells(nb, exercise: Exercise) -> list[str]:

@@ -159,7 +159,8 @@ def local_call(namespace: dict):
     def call(message):
         reply = json.loads(json.dumps(answers.handle(json.loads(json.dumps(message)))))
         if "failed" in reply:
-            raise RequestFailed(f"the notebook could not serve {message.get('op')!r}: {str(reply['failed'])[:200]}")
+            raise RequestFailed(f"the notebook could not serve {message.get('op')!r}: "
+                                f"{str(reply['failed'])[:200]}")
         return reply
     return call
 

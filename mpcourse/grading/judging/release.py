@@ -36,7 +36,8 @@ def release_notebook(solution: nbformat.NotebookNode, name: str) -> nbformat.Not
         cell.outputs = []
         cell.execution_count = None
     asked = solution.metadata.get("mpcourse", {}).get("write_yourself")
-    nb.metadata["mpcourse"] = {"exercise": name, **found, **({"write_yourself": list(asked)} if asked else {})}
+    nb.metadata["mpcourse"] = {"exercise": name, **found,
+                               **({"write_yourself": list(asked)} if asked else {})}
     fingerprint = from_notebook(nb, name).fingerprint  # the check() cell is no setup: it does not count
     for cell in nb.cells:
         if is_check_cell(cell):
@@ -52,10 +53,12 @@ def release_all(solutions: str | Path = "solutions", exercises: str | Path = "ex
     sources = find_solutions(solutions)
     if not sources:
         raise ValueError(f"no solution notebooks (ex*.ipynb) found in {solutions!r}")
-    out_dir, data_dir = Path(exercises), Path(visible_tests or Path(solutions).resolve().parent / RELEASE_FOLDER)
+    out_dir, data_dir = (Path(exercises),
+                         Path(visible_tests or Path(solutions).resolve().parent / RELEASE_FOLDER))
     if not data_dir.parent.is_dir():
-        raise ValueError(f"{data_dir.parent} is not the course's package that check()'s visible tests ship in: "
-                         "release from a course checkout's solutions/, or pass --visible-tests FOLDER")
+        raise ValueError(f"{data_dir.parent} is not the course's package that check()'s visible tests "
+                         "ship in: release from a course checkout's solutions/, or pass "
+                         "--visible-tests FOLDER")
     out_dir.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
     written = []

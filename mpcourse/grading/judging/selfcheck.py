@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import nbformat
 
 from mpcourse.grading.judging import checkable, judge
-from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names, has_solution,
-                                                without_markers)
+from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names,
+                                                has_solution, without_markers)
 from mpcourse.grading.judging.release import STUB
 from mpcourse.grading.judging.stubs import write_yourself
 
@@ -88,7 +88,8 @@ def check(exercise: str | os.PathLike | None = None, release: str | None = None)
     if hasattr(shell, "run_cell"):  # in the learner's kernel, as in the grader's sandbox (not in a test run)
         write_yourself(found.write_yourself)
     exercise = SimpleNamespace(answer_names=found.answers, by_hand={}, setup=list(found.setup))
-    namespace, _ = judge.grader_namespace(exercise, judge.local_call(shell.user_ns if shell is not None else {}))
+    namespace, _ = judge.grader_namespace(exercise,
+                                          judge.local_call(shell.user_ns if shell is not None else {}))
     tests = [Test(t.id, t.points, t.source, t.source) for t in found.tests]
     verdicts = judge.run_tests(tests, namespace, show_source=True)
     return Score(tuple(TestResult(t.id, t.points if passed else 0.0, t.points, passed, reason)
@@ -107,8 +108,9 @@ def _find(exercise: str | None, release: str | None, shell) -> checkable.Checkab
     if path is not None:
         return checkable.from_notebook(nbformat.read(path, as_version=4), path.stem)
     if packaged is None:
-        raise ValueError(f"check() found no exercise notebook in {Path.cwd()} and was not told which exercise "
-                         f"this is: name it, e.g. check(\"{checkable.known()[0]}\") (the exercises are "
+        raise ValueError(f"check() found no exercise notebook in {Path.cwd()} and was not told which "
+                         f"exercise this is: name it, e.g. check(\"{checkable.known()[0]}\") "
+                         f"(the exercises are "
                          f"{', '.join(checkable.known())}), or pass the notebook's path")
     return packaged
 
