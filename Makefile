@@ -64,10 +64,12 @@ $(PY): | check-python
 	$(PY) -m pip install --quiet --upgrade pip
 
 # The lock first, so that torch finds its own dependencies already at their locked versions.
+# The editable install's backend would print a boxed notice that folders named like the package may
+# shadow it on import; here that folder is the package itself, so the notice is filtered out.
 $(STAMP): pyproject.toml $(LAB_LOCK) | $(PY)
 	$(PY) -m pip install --quiet --require-hashes -r $(LAB_LOCK)
 	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet --no-deps -e .
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
 # The rest of the lock: the dev and site extras' tools, at the versions that passed.
