@@ -27,7 +27,7 @@ from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, EXE
 #: Where the package keeps the shipped visible tests, and where `mpcourse release` writes them
 #: (relative to the course's root, the folder that holds `solutions/`).
 SHIPPED = Path(__file__).resolve().parents[1] / "visible_tests"
-RELEASE_FOLDER = Path("mpcourse") / "grading" / "visible_tests"
+RELEASE_FOLDER = SHIPPED.relative_to(SHIPPED.parents[2])  # mpcourse/grading/visible_tests
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,11 @@ import html
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import nbformat
 
 from mpcourse.grading.judging import checkable, judge
-from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, Test, defined_names,
+from mpcourse.grading.judging.exercise import (BEGIN_SOLUTION, END_SOLUTION, Exercise, Test, defined_names,
                                                 has_solution, without_markers)
 from mpcourse.grading.judging.release import STUB
 from mpcourse.grading.judging.stubs import write_yourself
@@ -87,13 +86,13 @@ def check(exercise: str | os.PathLike | None = None, release: str | None = None)
         found = _find(exercise, release, shell)
     if hasattr(shell, "run_cell"):  # in the learner's kernel, as in the grader's sandbox (not in a test run)
         write_yourself(found.write_yourself)
-    exercise = SimpleNamespace(answer_names=found.answers, by_hand={}, setup=list(found.setup))
-    namespace, _ = judge.grader_namespace(exercise,
+    as_graded = Exercise(found.exercise, found.setup, found.answers,
+                         tuple(Test(t.id, t.points, t.source, t.source) for t in found.tests))
+    namespace, _ = judge.grader_namespace(as_graded,
                                           judge.local_call(shell.user_ns if shell is not None else {}))
-    tests = [Test(t.id, t.points, t.source, t.source) for t in found.tests]
-    verdicts = judge.run_tests(tests, namespace, show_source=True)
+    verdicts = judge.run_tests(as_graded.tests, namespace, show_source=True)
     return Score(tuple(TestResult(t.id, t.points if passed else 0.0, t.points, passed, reason)
-                       for t, (passed, reason) in zip(tests, verdicts)), found.hidden_points)
+                       for t, (passed, reason) in zip(as_graded.tests, verdicts)), found.hidden_points)
 
 
 def _find(exercise: str | None, release: str | None, shell) -> checkable.Checkable:
