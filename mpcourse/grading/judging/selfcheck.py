@@ -107,10 +107,10 @@ def _find(exercise: str | None, release: str | None, shell) -> checkable.Checkab
     if path is not None:
         return checkable.from_notebook(nbformat.read(path, as_version=4), path.stem)
     if packaged is None:
+        names = checkable.known()
         raise ValueError(f"check() found no exercise notebook in {Path.cwd()} and was not told which "
-                         f"exercise this is: name it, e.g. check(\"{checkable.known()[0]}\") "
-                         f"(the exercises are "
-                         f"{', '.join(checkable.known())}), or pass the notebook's path")
+                         f"exercise this is: name it, e.g. check(\"{names[0]}\") (the exercises are "
+                         f"{', '.join(names)}), or pass the notebook's path")
     return packaged
 
 
