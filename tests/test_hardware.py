@@ -192,3 +192,14 @@ def test_simulated_sets_the_profile_for_a_block_and_restores_it(monkeypatch):
     with pytest.raises(ValueError, match="'sse' is not a hardware profile"):
         with cpu_profiles.simulated("sse"):
             pass
+
+
+def test_gpu_rehearsal_takes_the_gpu_sizes_on_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(hardware.GPU_REHEARSAL_VARIABLE, raising=False)
+    assert hardware.scaled(cpu=1, cuda=2) == 1 and not hardware.rehearsing_gpu()
+    monkeypatch.setenv(hardware.GPU_REHEARSAL_VARIABLE, "1")
+    assert hardware.scaled(cpu=1, cuda=2) == 2 and hardware.rehearsing_gpu()
+    monkeypatch.setenv(hardware.GPU_REHEARSAL_VARIABLE, "yes")
+    with pytest.raises(ValueError, match="MPCOURSE_GPU_REHEARSAL='yes'"):
+        hardware.scaled(cpu=1, cuda=2)

@@ -10,6 +10,7 @@ test, what the course does on another.
 """
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import textwrap
@@ -50,9 +51,22 @@ class HardwareReport:
         raise ValueError(f"unknown hardware need {needs!r} for lesson {lesson.number}")
 
 
+# Set to 1 by `make gpu-rehearsal`: the lessons take their GPU sizes while running on the CPU.
+GPU_REHEARSAL_VARIABLE = "MPCOURSE_GPU_REHEARSAL"
+
+
+def rehearsing_gpu() -> bool:
+    """Whether this process rehearses the GPU sizes on the CPU (`MPCOURSE_GPU_REHEARSAL=1`)."""
+    value = os.environ.get(GPU_REHEARSAL_VARIABLE, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{GPU_REHEARSAL_VARIABLE}={value!r}: use 1 to rehearse the GPU sizes, 0 or unset not to")
+    return value == "1"
+
+
 def scaled(cpu, cuda):
-    """A size knob: the `cuda` value when a CUDA GPU is present, else the small `cpu` value."""
-    return cuda if torch.cuda.is_available() else cpu
+    """A size knob: the `cuda` value when a CUDA GPU is present (or its size is rehearsed on the
+    CPU, `rehearsing_gpu()`), else the small `cpu` value."""
+    return cuda if torch.cuda.is_available() or rehearsing_gpu() else cpu
 
 
 def report() -> HardwareReport:
