@@ -120,7 +120,8 @@ def cuda_lab_size(precisions: dict[str, PrecisionSupport], gpu: gpus.GpuClass | 
                      f"predict a step from, it runs the configured {config.steps} steps and reports the "
                      "speed it measures")
     emulated = [p for p in SIXTEEN_BIT if precisions[p].supported and not precisions[p].accelerated]
-    compared = "fp32 (TF32 off) with " + (" and ".join(_recipe(p) for p in fast) if fast else "nothing faster")
+    compared = "fp32 (TF32 off) with " + (" and ".join(_recipe(p) for p in fast) if fast
+                                          else "nothing faster")
     reason = (f"{'a ' + gpu.name if gpu else device_name}: GPT-2 small's shape (d_model "
               f"{config.d_model}, {config.n_layers} layers); the lab compares {compared}")
     if emulated:
