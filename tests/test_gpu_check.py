@@ -85,3 +85,17 @@ def test_without_a_gpu_the_real_check_refuses_in_one_line_and_bad_lessons_are_na
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--smoke", "--lessons", "6"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2 and "two-digit lesson numbers (00 to 11), got 6" in done.stderr
+
+
+@pytest.mark.parametrize("name, capability, expected", [
+    ("NVIDIA B200", (10, 0), "B200"), ("NVIDIA H100 NVL", (9, 0), "H100 NVL"), ("NVIDIA L40S", (8, 9), None)])
+def test_the_device_is_classed_by_name_and_an_unknown_one_is_named_with_its_capability(
+        monkeypatch, name, capability, expected):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    found, gpu, no_mfu = gpu_check._device()
+    assert found == name and (gpu.name if gpu else None) == expected
+    if expected is None:
+        assert no_mfu == "NVIDIA L40S (sm_89) is not in the table of mpcourse.machine.gpus: measured figures only"

@@ -173,7 +173,7 @@ def test_an_unknown_gpu_gets_a_not_in_the_table_line_from_doctor_and_a_lab_that_
     assert "GPU class    NVIDIA L40S (sm_89, 47 GB) is not in the table of mpcourse.machine.gpus" in out
     size = lab_size("cuda")
     assert size.config.steps == LESSON_CUDA_CONFIG.steps and size.compare == ("fp32", "bf16", "fp16")
-    assert "NVIDIA L40S is not in mpcourse.machine.gpus's table" in size.reason
+    assert "NVIDIA L40S (sm_89) is not in mpcourse.machine.gpus's table" in size.reason
 
 
 def test_names_that_look_alike_are_told_apart():

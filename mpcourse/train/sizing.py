@@ -162,7 +162,8 @@ def lab_size(device: str = "auto") -> LabSize:
         capability = tuple(torch.cuda.get_device_capability(0))
         name = torch.cuda.get_device_name(0)
         gpu = gpus.identify(name)
-        return choose_lab_size("cuda", gpus.precisions(capability, gpu), gpu=gpu, device_name=name,
+        return choose_lab_size("cuda", gpus.precisions(capability, gpu), gpu=gpu,
+                               device_name=f"{name} (sm_{capability[0]}{capability[1]})",
                                memory_bytes=torch.cuda.get_device_properties(0).total_memory)
     return choose_lab_size(device_type, report.precisions)
 
