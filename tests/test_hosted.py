@@ -183,16 +183,8 @@ def test_a_gpu_this_torch_was_not_built_for_is_named_with_the_switch():
     assert hosted_session.gpu_advice(hosted_session.KAGGLE, ptx) is None
 
 
-#: torch.cuda.get_arch_list() of the Linux x86 wheels torch 2.10 to 2.14 ship, as torch prints them:
-#: - "2.10 cu128" and "2.10-2.14 cu126": printed in pytorch/pytorch#182250 (torch 2.10.0+cu128,
-#:   2.11.0+cu126), the 12.6 row also in RELEASE.md's support matrix of 2.11 (PR #175253), 2.12
-#:   (PR #182849) and 2.14 (RFC #190355): Maxwell 5.0 ... Hopper 9.0, no PTX;
-#: - "2.11 cu128": printed in #182250 (2.11.0+cu128), Volta dropped (PR #175253);
-#: - "cu129": .ci/manywheel/build_cuda.sh's 12.9 case, "7.0;7.5;8.0;8.6;9.0;10.0;12.0+PTX", which
-#:   torch 2.8.0+cu129 prints with compute_120 last (its "+PTX");
-#: - "2.10-2.14 cu130 / cu132": build_cuda.sh's 13.0 case on x86, "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
-#:   the 13.0 and 13.2 rows of RELEASE.md for 2.12 (PR #182849) and 2.14 (RFC #190355);
-#: - "aarch64 cu130": build_cuda.sh's 13.0 case on aarch64 (sm_110 added; sm_75 and sm_86 removed).
+#: torch.cuda.get_arch_list() of the wheels torch 2.10 to 2.14 ship, as torch prints them
+#: (sources: the docstring of the first test below).
 ARCH_LISTS = {
     "2.10-2.14 cu126": ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"),
     "2.10 cu128": ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
@@ -211,7 +203,18 @@ BLACKWELL_BUILDS = [label for label in ARCH_LISTS if label != "2.10-2.14 cu126"]
     ("NVIDIA H100 80GB HBM3", (9, 0))])
 def test_a_gpu_the_build_covers_by_a_same_major_cubin_gets_no_advice(build, name, capability):
     """sm_89 runs torch's sm_86 (or, on aarch64, sm_80) cubins, sm_103 its sm_100 ones: no build
-    lists sm_89 or sm_103."""
+    lists sm_89 or sm_103. ARCH_LISTS (Linux x86 wheels unless named), as torch prints them:
+    - "2.10 cu128" and "2.10-2.14 cu126": printed in pytorch/pytorch#182250 (torch 2.10.0+cu128,
+      2.11.0+cu126), the 12.6 row also in RELEASE.md's support matrix of 2.11 (PR #175253), 2.12
+      (PR #182849) and 2.14 (RFC #190355): Maxwell 5.0 ... Hopper 9.0, no PTX;
+    - "2.11 cu128": printed in #182250 (2.11.0+cu128), Volta dropped (PR #175253);
+    - "cu129": .ci/manywheel/build_cuda.sh's 12.9 case (pytorch/pytorch at 799d09f), "7.0;7.5;8.0;8.6;9.0;10.0;12.0+PTX", which
+      torch 2.8.0+cu129 prints with compute_120 last (its "+PTX");
+    - "2.10-2.14 cu130 / cu132": build_cuda.sh's 13.0 case on x86, "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
+      the 13.0 and 13.2 rows of RELEASE.md for 2.12 (PR #182849) and 2.14 (RFC #190355), and
+      torch 2.13's own torch.cuda.PYTORCH_RELEASES_CODE_CC (x86: 75, 80, 86, 90, 100, 120);
+    - "aarch64 cu130": build_cuda.sh's 13.0 case on aarch64 (sm_110 added; sm_75 and sm_86 removed).
+    """
     cuda = _cuda(capability=capability, arch=ARCH_LISTS[build], name=name)
     assert hosted_session.gpu_advice(hosted_session.COLAB, cuda) is None
 
