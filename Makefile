@@ -175,3 +175,11 @@ release: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(LATEST) build *.egg-info
+
+# On a machine with a CUDA GPU: the lab's benchmark (tokens/s, speed-ups against fp32 and tf32,
+# MFU), then every lesson under nbval at its GPU size, within 8 minutes on one H100; writes
+# results/gpu/<date>-<device>.json (tools/gpu_check.py says what is in it). SMOKE=1 checks the
+# script on any machine, a CPU included: tiny sizes, no lessons, the record marked smoke (in build/).
+.PHONY: gpu-check
+gpu-check: $(DEV_STAMP)
+	$(PY) tools/gpu_check.py $(if $(SMOKE),--smoke)

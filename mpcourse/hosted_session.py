@@ -8,8 +8,9 @@ The bootstrap cell (mpcourse/hosted.py) installs the course where it is missing,
   ipywidgets 7 under the course's 8): Python keeps the old one until the session restarts;
 - what pip's red resolver errors mean, which the cell captures instead of printing: a package
   preinstalled there (JAX, TensorFlow) pins another version of one the course upgraded (ml_dtypes);
-- how to get a GPU on that platform, when the session has none, or has one this torch was not
-  built for (Kaggle's P100, sm_60); the lessons run on the CPU without one.
+- how to get a GPU on that platform, when the session has none, or has one this torch has no
+  kernels for (`runs_on`: Kaggle's P100, sm_60, under a build that starts at sm_70 or sm_75);
+  the lessons run on the CPU without one.
 
 Where no hosted platform is found (`make lab`, the grader), `advise` prints nothing and loads
 nothing: it reads two environment variables.
@@ -61,15 +62,44 @@ def gpu_advice(platform: Platform, cuda) -> str | None:
         return (f"No GPU in this {platform.name} session: for the GPU comparisons choose "
                 f"{platform.gpu_steps}, then run the notebook from the top; without one every lesson "
                 "still runs, on the CPU.")
-    major, minor = cuda.get_device_capability()
+    capability = tuple(cuda.get_device_capability())
     built = cuda.get_arch_list()
-    runs = f"sm_{major}{minor}" in built or any(
-        a.startswith("compute_") and int(a.removeprefix("compute_")) <= major * 10 + minor for a in built)
-    if built and not runs:
-        return (f"This {platform.name} GPU, {cuda.get_device_name()} (sm_{major}{minor}), is not one this "
-                f"torch was built for ({', '.join(built)}): choose {platform.gpu_steps}, then run the "
-                "notebook from the top; until then the lessons run on the CPU.")
+    understood = [arch for arch in built if ARCH.match(arch)]
+    if understood and not any(runs_on(arch, capability) for arch in understood):
+        return (f"This {platform.name} GPU, {cuda.get_device_name()} (sm_{capability[0]}{capability[1]}), "
+                f"cannot run this torch's kernels, built for {', '.join(built)}: choose "
+                f"{platform.gpu_steps}, then run the notebook from the top; until then the lessons run "
+                "on the CPU.")
     return None
+
+
+#: An entry of torch.cuda.get_arch_list(): "sm_86" (a cubin), "compute_120" (PTX), "sm_90a"
+#: (arch-specific), "sm_100f" (family-specific). The last digit is the minor version.
+ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
+
+
+def runs_on(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether kernels torch built as `arch` run on a GPU of compute `capability` (major, minor).
+
+    NVIDIA's rule (CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility";
+    the Blackwell Compatibility Guide for the a and f suffixes):
+    - a cubin for sm_X.y runs on sm_X.z for every z >= y, never on another major: torch's sm_86
+      runs on an sm_89 L4, its sm_100 on an sm_103 B300, but sm_90 not on sm_100;
+    - PTX for compute_X.y is compiled by the driver for any GPU of X.y or newer, newer majors
+      included: compute_120 runs on an sm_121, nothing runs on an older GPU;
+    - arch-specific code (sm_90a) runs on its own X.y only; family code (sm_100f) on X.z, z >= y.
+    Discrete GPUs only: Jetson's integrated ones (sm_53, sm_62, sm_72, sm_87) run only their own.
+    """
+    match = ARCH.match(arch)
+    if match is None:
+        raise ValueError(f"{arch!r} is not an entry of torch.cuda.get_arch_list(): expected sm_XY or "
+                         "compute_XY, optionally with an a or f suffix (sm_90a, sm_100f)")
+    kind, major, minor, suffix = match[1], int(match[2]), int(match[3]), match[4]
+    if suffix == "a":
+        return capability == (major, minor)
+    if kind == "compute" and not suffix:
+        return capability >= (major, minor)
+    return capability[0] == major and capability[1] >= minor
 
 
 def advise(environ=None) -> None:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import nbformat
 import pytest
+import torch
 
 from mpcourse import hosted_session
 from mpcourse.hosted import (BOOTSTRAP_ID, KERNELSPEC, Repository, bootstrap_source, check_course,
@@ -180,6 +181,92 @@ def test_a_gpu_this_torch_was_not_built_for_is_named_with_the_switch():
     assert "Tesla P100-PCIE-16GB (sm_60)" in line and "sm_75, sm_80, sm_90" in line and "GPU T4 x2" in line
     ptx = _cuda(capability=(6, 0), arch=("compute_60",))
     assert hosted_session.gpu_advice(hosted_session.KAGGLE, ptx) is None
+
+
+#: torch.cuda.get_arch_list() of the wheels torch 2.10 to 2.14 ship, as torch prints them
+#: (sources: the docstring of the first test below).
+ARCH_LISTS = {
+    "2.10-2.14 cu126": ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"),
+    "2.10 cu128": ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+    "2.11 cu128": ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+    "cu129": ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"),
+    "2.10-2.14 cu130/cu132": ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"),
+    "aarch64 cu130": ("sm_80", "sm_90", "sm_100", "sm_110", "sm_120", "compute_120"),
+}
+BLACKWELL_BUILDS = [label for label in ARCH_LISTS if label != "2.10-2.14 cu126"]
+
+
+@pytest.mark.parametrize("build", BLACKWELL_BUILDS)
+@pytest.mark.parametrize("name, capability", [
+    ("NVIDIA L4", (8, 9)), ("NVIDIA GeForce RTX 4090", (8, 9)), ("NVIDIA L40S", (8, 9)),
+    ("NVIDIA B300", (10, 3)), ("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0)),
+    ("NVIDIA H100 80GB HBM3", (9, 0))])
+def test_a_gpu_the_build_covers_by_a_same_major_cubin_gets_no_advice(build, name, capability):
+    """sm_89 runs torch's sm_86 (or, on aarch64, sm_80) cubins, sm_103 its sm_100 ones: no build
+    lists sm_89 or sm_103. ARCH_LISTS (Linux x86 wheels unless named), as torch prints them:
+    - "2.10 cu128" and "2.10-2.14 cu126": printed in pytorch/pytorch#182250 (torch 2.10.0+cu128,
+      2.11.0+cu126), the 12.6 row also in RELEASE.md's support matrix of 2.11 (PR #175253), 2.12
+      (PR #182849) and 2.14 (RFC #190355): Maxwell 5.0 ... Hopper 9.0, no PTX;
+    - "2.11 cu128": printed in #182250 (2.11.0+cu128), Volta dropped (PR #175253);
+    - "cu129": .ci/manywheel/build_cuda.sh's 12.9 case (pytorch/pytorch at 799d09f), "7.0;7.5;8.0;8.6;9.0;10.0;12.0+PTX", which
+      torch 2.8.0+cu129 prints with compute_120 last (its "+PTX");
+    - "2.10-2.14 cu130 / cu132": build_cuda.sh's 13.0 case on x86, "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
+      the 13.0 and 13.2 rows of RELEASE.md for 2.12 (PR #182849) and 2.14 (RFC #190355), and
+      torch 2.13's own torch.cuda.PYTORCH_RELEASES_CODE_CC (x86: 75, 80, 86, 90, 100, 120);
+    - "aarch64 cu130": build_cuda.sh's 13.0 case on aarch64 (sm_110 added; sm_75 and sm_86 removed).
+    """
+    cuda = _cuda(capability=capability, arch=ARCH_LISTS[build], name=name)
+    assert hosted_session.gpu_advice(hosted_session.COLAB, cuda) is None
+
+
+@pytest.mark.parametrize("build", ["2.10 cu128", "2.11 cu128", "cu129", "2.10-2.14 cu130/cu132"])
+def test_a_p100_is_warned_under_every_build_that_starts_at_sm_70_or_sm_75(build):
+    p100 = _cuda(capability=(6, 0), arch=ARCH_LISTS[build], name="Tesla P100-PCIE-16GB")
+    line = hosted_session.gpu_advice(hosted_session.KAGGLE, p100)
+    assert "Tesla P100-PCIE-16GB (sm_60)" in line and ", ".join(ARCH_LISTS[build]) in line
+    assert "GPU T4 x2" in line and "\n" not in line
+
+
+def test_the_cu126_build_runs_a_p100_and_has_nothing_for_blackwell():
+    cu126 = ARCH_LISTS["2.10-2.14 cu126"]
+    assert hosted_session.gpu_advice(hosted_session.KAGGLE, _cuda(capability=(6, 0), arch=cu126)) is None
+    for capability in ((10, 0), (10, 3), (12, 0)):
+        assert "cannot run" in hosted_session.gpu_advice(hosted_session.COLAB,
+                                                          _cuda(capability=capability, arch=cu126))
+
+
+@pytest.mark.parametrize("arch, runs, fails", [
+    ("sm_86", [(8, 6), (8, 9)], [(8, 0), (9, 0), (7, 5)]),
+    ("sm_100", [(10, 0), (10, 3)], [(12, 0), (9, 0)]),
+    ("sm_120", [(12, 0), (12, 1)], [(10, 3), (13, 0)]),
+    ("compute_120", [(12, 0), (12, 1), (13, 0)], [(10, 3), (6, 0)]),
+    ("compute_60", [(6, 0), (7, 5), (12, 0)], [(5, 2)]),
+    ("sm_90a", [(9, 0)], [(10, 0)]),
+    ("compute_90a", [(9, 0)], [(10, 0), (12, 0)]),
+    ("sm_100f", [(10, 0), (10, 3)], [(12, 0)]),
+])
+def test_runs_on_follows_nvidias_cubin_and_ptx_rules(arch, runs, fails):
+    assert all(hosted_session.runs_on(arch, c) for c in runs)
+    assert not any(hosted_session.runs_on(arch, c) for c in fails)
+
+
+def test_runs_on_agrees_with_torchs_own_table_for_every_discrete_gpu_and_cubin():
+    """torch.cuda.DEVICE_REQUIREMENT is torch's record of which device runs which cubin (used for its
+    own start-up warning); integrated Jetson GPUs (5.3, 6.2, 7.2, 8.7, 10.1, 11.0) are left out."""
+    integrated = {53, 62, 72, 87, 101, 110}
+    codes = [cc for cc in torch.cuda.DEVICE_REQUIREMENT if cc not in integrated]
+    devices = [cc for cc in codes + [61, 89, 103, 121] if cc not in integrated]
+    for code in codes:
+        for device in devices:
+            expected = torch.cuda._code_compatible_with_device(device, code)
+            assert hosted_session.runs_on(f"sm_{code}", divmod(device, 10)) is expected, (code, device)
+
+
+def test_an_arch_entry_runs_on_cannot_read_is_refused_by_name_and_skipped_by_the_advice():
+    with pytest.raises(ValueError, match="'gfx90a' is not an entry of torch.cuda.get_arch_list"):
+        hosted_session.runs_on("gfx90a", (9, 0))
+    odd = _cuda(capability=(8, 9), arch=("gfx90a", "sm_86"))
+    assert hosted_session.gpu_advice(hosted_session.COLAB, odd) is None
 
 
 def test_pips_resolver_errors_are_summed_up_in_one_line():

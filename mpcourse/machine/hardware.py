@@ -285,7 +285,7 @@ def format_report(r: HardwareReport) -> str:
             "see this machine.", width=96, initial_indent="profile      ",
             subsequent_indent=" " * 13))
     if r.device_type == "cuda":
-        lines.append(gpus.describe(gpus.identify(r.device_name), r.compute_capability, r.gpu_memory_bytes))
+        lines.append(gpus.describe(r.device_name, r.compute_capability, r.gpu_memory_bytes))
     lines += ["",
              f"{'precision':<10}{'supported':<11}{'accelerated':<13}how"]
     for name in PRECISIONS:

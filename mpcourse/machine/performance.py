@@ -79,6 +79,22 @@ def elementwise_work(numel: int, dtype: torch.dtype, *, reads: int = 1, writes: 
                 numel * (reads + writes) * itemsize)
 
 
+
+def gpt_training_flops(n_layers: int, d_model: int, seq_len: int, vocab_size: int) -> int:
+    """Training FLOPs per token of the course's GPT (mpcourse.train.models), causal attention.
+
+    Forward: 2 FLOPs per matmul weight, each layer's 12 * d_model**2 (query/key/value 3, output
+    projection 1, MLP 8) and the output layer's vocab_size * d_model; and attention, whose
+    scores (Q K^T) and weighted sum (A V) take 2 * d_model FLOPs per key each. A causal token
+    attends to half of the seq_len keys on average (FlashAttention skips the masked half), so
+    attention is 2 * d_model * seq_len per layer: half of nanoGPT's count, which includes the
+    masked scores. Backward repeats every matmul twice, so training is 3x the forward. Biases,
+    LayerNorm, softmax, GELU and the position embedding do no matmul and are left out.
+    """
+    _positive(n_layers=n_layers, d_model=d_model, seq_len=seq_len, vocab_size=vocab_size)
+    matmul_weights = n_layers * 12 * d_model**2 + vocab_size * d_model
+    return 3 * (2 * matmul_weights + n_layers * 2 * d_model * seq_len)
+
 @dataclass(frozen=True)
 class Device:
     """A device as the roofline sees it: its peak dense FLOP/s for each precision it

@@ -313,9 +313,13 @@ def _tensor_bytes(tensors) -> int:
 
 
 def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | None = None,
-                        optimizer: torch.optim.Optimizer | None = None) -> PeakMemory:
-    """The peak memory of calling `fn()` once.
+                        optimizer: torch.optim.Optimizer | None = None,
+                        device: str | torch.device | None = None) -> PeakMemory:
+    """The peak memory of calling `fn()` once, measured where its work runs.
 
+    That place is `device` where given, else the device of `model`'s parameters (or
+    `optimizer`'s); a CUDA GPU merely being present says nothing about it (`--device cpu` on a
+    GPU machine runs on the CPU), so with none of the three on such a machine it refuses.
     On CUDA: `torch.cuda.max_memory_allocated` after resetting the peak and synchronizing, i.e.
     every tensor the caching allocator handed out, including temporaries.
     Elsewhere there is no allocator counter to read, so it watches what it can see: the
@@ -323,13 +327,14 @@ def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | No
     holds for backward, and reports the moment their sum was largest, split into those kinds.
     Gradients freed by `zero_grad` inside `fn` are counted while they lived.
     """
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+    where = _work_device(device, model, optimizer)
+    if where.type == "cuda":
+        torch.cuda.synchronize(where)
+        torch.cuda.reset_peak_memory_stats(where)
+        before = torch.cuda.memory_allocated(where)
         fn()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
+        torch.cuda.synchronize(where)
+        peak = torch.cuda.max_memory_allocated(where)
         return PeakMemory("cuda", peak, {"allocated before the call": before,
                                          "added at the peak": peak - before},
                           "memory reserved by the caching allocator but not allocated, and "
@@ -352,6 +357,21 @@ def measure_peak_memory(fn: Callable[[], object], *, model: torch.nn.Module | No
                       "tensors are counted", largest=watch.largest,
                       timeline=tuple(watch.timeline))
 
+
+
+def _work_device(device, model: torch.nn.Module | None, optimizer) -> torch.device:
+    """Where the measured call's work runs: `device`, else the model's or optimizer's tensors'."""
+    if device is not None:
+        return torch.device(device)
+    tensors = list(model.parameters()) if model is not None else []
+    if optimizer is not None:
+        tensors += [p for group in optimizer.param_groups for p in group["params"]]
+    if tensors:
+        return tensors[0].device
+    if torch.cuda.is_available():
+        raise ValueError("measure_peak_memory cannot tell where fn runs on a machine with a CUDA GPU: "
+                         "pass device= (e.g. 'cuda' or 'cpu') or the model= it trains")
+    return torch.device("cpu")
 
 def find_largest_batch(fits: Callable[[int], bool], limit: int = 2**16) -> int:
     """The largest batch in 1..limit for which `fits(batch)` is True, assuming fits is monotone.

@@ -65,8 +65,9 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
         scaler.step(optimizer)                  # skipped if a gradient overflowed
         scaler.update()                         # choose the next scale
 
-    Timing is honest: warm-up steps are excluded, and the device is synchronized around every
-    timed step. With `checkpoint_path`, the run saves a checkpoint there when it ends, and also
+    Timing is honest: warm-up steps are excluded, and the host waits for the device once per
+    step, at its end (and once before the first), so no step is charged for another's queued
+    work. With `checkpoint_path`, the run saves a checkpoint there when it ends, and also
     when it is interrupted (Ctrl-C, i.e. KeyboardInterrupt, which is then re-raised). With
     `resume=True` it continues from that checkpoint: the continued run's losses equal, bit for
     bit on the CPU, those of a run that was never interrupted.
@@ -87,6 +88,7 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
     # Memory is measured on the run's second step: the first with the optimizer's state, as in
     # every later step (the first step creates Adam's moments only at its very end).
     measured_step = min(start_step + 1, config.steps - 1)
+    synchronize(device)  # the first step's clock starts on an idle device, as every later one's
     started = time.perf_counter()
     try:
         with _matmul_precision(config.precision, device.type):
@@ -127,22 +129,23 @@ def _timed_step(run: Setup, step: int, config: RunConfig, result: RunResult,
                 device: torch.device, measure_memory: bool) -> tuple[torch.Tensor, float, float]:
     """One iteration of `_train_step`: its loss, its gradient norm and its seconds.
 
-    The device is synchronized on both sides of the timed region, so queued GPU work is not
-    charged to the next step. On a CPU, the step chosen by `measure_memory` also records the
-    step's peak memory, which only a watched step can see.
+    The clock stops after one wait for the device, at the step's end: the previous step ended the
+    same way, so the device is idle when the clock starts. The gradient norm is read only then,
+    so reading it costs no second wait. On a CPU, the step chosen by `measure_memory` also records
+    the step's peak memory, which only a watched step can see.
     """
     outcome = []
-    synchronize(device)
     begin = time.perf_counter()
     if measure_memory and device.type != "cuda" and config.cpu_memory_accounting:
         peak = measure_peak_memory(lambda: outcome.append(_train_step(run, step, config, result)),
-                                   model=run.model, optimizer=run.optimizer)
+                                   model=run.model, optimizer=run.optimizer, device=device)
         _record_cpu_memory(result, peak, run.model, run.optimizer)
     else:
         outcome.append(_train_step(run, step, config, result))
     synchronize(device)
+    seconds = time.perf_counter() - begin
     (loss, grad_norm), = outcome
-    return loss, grad_norm, time.perf_counter() - begin
+    return loss, grad_norm.item(), seconds
 
 
 def _out_of_time(config: RunConfig, started: float) -> bool:
@@ -151,7 +154,7 @@ def _out_of_time(config: RunConfig, started: float) -> bool:
 
 
 def _train_step(run: Setup, step: int, config: RunConfig, result: RunResult):
-    """One iteration of the recipe; returns the loss (a tensor) and the unscaled gradient norm.
+    """One iteration of the recipe; returns the loss and the unscaled gradient norm (tensors).
 
     The loss is computed in FP32 from whatever dtype the logits have: under autocast the
     cross-entropy runs in FP32 anyway, and a model whose parameters are 16 bits without
@@ -171,7 +174,7 @@ def _train_step(run: Setup, step: int, config: RunConfig, result: RunResult):
     else:
         scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), grad_norm.item()
+    return loss.detach(), grad_norm
 
 
 def _autocast(config: RunConfig, device_type: str):

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from mpcourse.machine import gpus, hardware
+from mpcourse.machine.performance import gpt_training_flops
 from mpcourse.memory.accounting import largest_batch
-from mpcourse.train.models import GPT
 from mpcourse.numbers.precision import AUTOCAST_DTYPES, PrecisionSupport
 from mpcourse.train.config import (LESSON_CPU_CONFIG, LESSON_CPU_MATMUL_CONFIG, LESSON_CUDA_CONFIG,
                                    RunConfig)
@@ -65,11 +65,11 @@ class LabSize:
 
 def choose_lab_size(device_type: str, precisions: dict[str, PrecisionSupport],
                     probe: hardware.MatmulProbe | None = None, *, gpu: gpus.GpuClass | None = None,
-                    memory_bytes: int | None = None) -> LabSize:
+                    memory_bytes: int | None = None, device_name: str = "a CUDA GPU") -> LabSize:
     """The decision alone, from the device's precision table and (on a CPU) the probe's timings;
-    on a GPU also from its class (`gpus.identify`) and memory, where known."""
+    on a GPU also from its class (`gpus.identify`), name and memory, where known."""
     if device_type == "cuda":
-        return cuda_lab_size(precisions, gpu, memory_bytes)
+        return cuda_lab_size(precisions, gpu, memory_bytes, device_name)
     if device_type == "mps":
         return LabSize(LESSON_CPU_CONFIG, "mps", (),
                        "Apple's GPU: the small size (the calibration measures CPUs only)")
@@ -93,8 +93,9 @@ def choose_lab_size(device_type: str, precisions: dict[str, PrecisionSupport],
 
 
 def cuda_lab_size(precisions: dict[str, PrecisionSupport], gpu: gpus.GpuClass | None,
-                  memory_bytes: int | None) -> LabSize:
-    """GPT-2 small's shape, its batch fitted to `memory_bytes` and its steps to `GPU_RUN_SECONDS`."""
+                  memory_bytes: int | None, device_name: str = "a CUDA GPU") -> LabSize:
+    """GPT-2 small's shape, its batch fitted to `memory_bytes` and its steps to `GPU_RUN_SECONDS`
+    (predicted from the class's datasheet peak; a GPU not in the table keeps the configured steps)."""
     fast = tuple(p for p in SIXTEEN_BIT if precisions[p].accelerated)
     config, notes = LESSON_CUDA_CONFIG, []
     if memory_bytes is not None:
@@ -114,9 +115,14 @@ def cuda_lab_size(precisions: dict[str, PrecisionSupport], gpu: gpus.GpuClass | 
         notes.append(f"an fp32 step is predicted at {seconds:.2f} s ({GPU_UTILISATION:.0%} of its "
                      f"{gpu.device.peak('fp32') / 1e12:g} TFLOPS), so {steps} steps take about "
                      f"{steps * seconds:.0f} s")
+    else:
+        notes.append(f"{device_name} is not in mpcourse.machine.gpus's table: with no datasheet peak to "
+                     f"predict a step from, it runs the configured {config.steps} steps and reports the "
+                     "speed it measures")
     emulated = [p for p in SIXTEEN_BIT if precisions[p].supported and not precisions[p].accelerated]
-    compared = "fp32 (TF32 off) with " + (" and ".join(_recipe(p) for p in fast) if fast else "nothing faster")
-    reason = (f"{'a ' + gpu.name if gpu else 'a CUDA GPU'}: GPT-2 small's shape (d_model "
+    compared = "fp32 (TF32 off) with " + (" and ".join(_recipe(p) for p in fast) if fast
+                                          else "nothing faster")
+    reason = (f"{'a ' + gpu.name if gpu else device_name}: GPT-2 small's shape (d_model "
               f"{config.d_model}, {config.n_layers} layers); the lab compares {compared}")
     if emulated:
         reason += f"; it leaves out {', '.join(emulated)}, emulated here"
@@ -129,8 +135,7 @@ def _recipe(precision: str) -> str:
 
 def predicted_step_seconds(config: RunConfig, gpu: gpus.GpuClass, precision: str) -> float:
     """One training step's time at `GPU_UTILISATION` of `gpu`'s dense peak for `precision`."""
-    with torch.device("meta"):  # counts the parameters without allocating them
-        flops_per_token = GPT(config.model_config()).flops_per_token()
+    flops_per_token = gpt_training_flops(config.n_layers, config.d_model, config.seq_len, config.vocab_size)
     tokens = config.batch_size * config.seq_len
     return flops_per_token * tokens / (gpu.device.peak(precision) * GPU_UTILISATION)
 
@@ -155,8 +160,10 @@ def lab_size(device: str = "auto") -> LabSize:
         raise ValueError(f"device {device!r} is not available here (found {report.device_type})")
     if device_type == "cuda":
         capability = tuple(torch.cuda.get_device_capability(0))
-        gpu = gpus.identify(torch.cuda.get_device_name(0))
+        name = torch.cuda.get_device_name(0)
+        gpu = gpus.identify(name)
         return choose_lab_size("cuda", gpus.precisions(capability, gpu), gpu=gpu,
+                               device_name=f"{name} (sm_{capability[0]}{capability[1]})",
                                memory_bytes=torch.cuda.get_device_properties(0).total_memory)
     return choose_lab_size(device_type, report.precisions)
 
