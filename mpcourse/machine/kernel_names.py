@@ -20,8 +20,8 @@ _ATTENTION = re.compile(r"flash|fmha|attention|attn", re.IGNORECASE)
 _MATMUL = re.compile(r"gemm|gemv|nvjet_|splitkreduce", re.IGNORECASE)
 # What a name spells out, checked in this order: an FP32 GEMM with TF32 inputs names "f32"
 # too, and an FP8 GEMM may name its bf16 output.
-_PRECISION_MARKS = (("e4m3", "fp8"), ("e5m2", "fp8"), ("tf32", "tf32"), ("bf16", "bf16"), ("bfloat16", "bf16"),
-                    ("fp16", "fp16"), ("hgemm", "fp16"), ("sgemm", "fp32"))
+_PRECISION_MARKS = (("e4m3", "fp8"), ("e5m2", "fp8"), ("tf32", "tf32"), ("bf16", "bf16"),
+                    ("bfloat16", "bf16"), ("fp16", "fp16"), ("hgemm", "fp16"), ("sgemm", "fp32"))
 
 
 def is_matmul_kernel(name: str) -> bool:
