@@ -12,7 +12,7 @@ import torch
 
 from mpcourse import clinic
 from mpcourse.machine import hardware
-from mpcourse.clinic import format_cases
+from mpcourse.clinic import format_cases, training_cases
 from mpcourse.clinic.case import diagnosed
 from mpcourse.numbers.formats import BF16
 from mpcourse.numbers.inspect_value import neighbours
@@ -31,8 +31,8 @@ def cases():
         torch.set_num_threads(threads)
 
 
-def test_run_all_gives_the_seventeen_cases_in_order(cases):
-    assert sorted(cases) == list(range(1, 18))
+def test_run_all_gives_the_eighteen_cases_in_order(cases):
+    assert sorted(cases) == list(range(1, 19))
     for number, case in cases.items():
         assert isinstance(case, clinic.Case) and case.number == number
         assert case.symptom and case.cause and case.fix and case.references and case.evidence
@@ -271,10 +271,26 @@ def test_case_17_recompute_needs_the_forward_context(cases):
     assert after["error"] is None and after["grads_bitwise_equal_no_checkpoint"]
 
 
+def test_case_18_runs_that_add_in_different_orders_differ_and_one_order_agrees(cases):
+    before, after = cases[18].before, cases[18].after
+    # A sum of n terms added one by one in precision u is off by at most about n * u * sum |x|:
+    # so the orders may differ by that much in fp32 and bf16, and by far less in float64.
+    terms = torch.randn(4096, generator=torch.Generator().manual_seed(18))
+    bound = len(terms) * terms.abs().sum().item() / abs(terms.double().sum().item())
+    fp32, bf16 = before["fp32_sum"], before["bf16_sum"]
+    assert fp32["distinct_results"] > 1 and 0 < fp32["relative_spread"] < bound * 2**-24
+    assert bf16["relative_spread"] > 1000 * fp32["relative_spread"]
+    assert bf16["relative_spread"] < bound * 2**-8
+    assert training_cases.order_spread(torch.float64)["relative_spread"] < 1e-12
+    assert not before["weights_bitwise_equal"] and before["first_differing_step"] is not None
+    assert 0 < before["max_loss_difference"] < 1e-3, "the runs drift apart by rounding, not by a bug"
+    assert after["weights_bitwise_equal"] and after["differing_steps"] == 0
+
+
 def test_table_is_rendered_from_the_cases(cases):
     rendered = clinic.table(list(cases.values()))
     lines = rendered.splitlines()
-    assert lines[0].startswith("| # | symptom | cause | fix |") and len(lines) == 2 + 17
+    assert lines[0].startswith("| # | symptom | cause | fix |") and len(lines) == 2 + 18
     for case, line in zip(cases.values(), lines[2:]):
         assert line.startswith(f"| {case.number} |")
         assert clinic.escape_markdown(case.evidence) in line and clinic.escape_markdown(case.fix) in line

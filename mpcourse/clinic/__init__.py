@@ -12,7 +12,7 @@ The cases live with the lesson whose mechanism they break:
 - `autocast_cases` (lesson 03): 8, 9, 11;
 - `master_cases` (lesson 04, master weights and optimizer state): 4, 10, 15, 16;
 - `scaling_cases` (lesson 05, loss scaling): 1, 5, 6, 7;
-- `training_cases` (the loop around them, lesson 06): 12, 13, 17;
+- `training_cases` (the loop around them, lesson 06): 12, 13, 17, 18;
 
 and `case` holds the `Case` record, `diagnosed` (a case's words, written as plain text above its
 function, joined to the numbers it measured) and the pieces the reproductions share. A new case
@@ -40,14 +40,16 @@ from mpcourse.clinic.scaling_cases import (case_01_scale_collapse, case_05_clip_
                                            case_07_resume_without_scaler_state)
 from mpcourse.clinic.training_cases import (DEPRECATED_TO_MODERN, case_12_deprecated_apis,
                                             case_13_scheduler_before_optimizer,
-                                            case_17_checkpoint_recompute_context)
+                                            case_17_checkpoint_recompute_context,
+                                            case_18_run_to_run_differences)
 
 CASES = (case_01_scale_collapse, case_02_fp16_overflow, case_03_attention_mask_overflow,
          case_04_fp16_parameters, case_05_clip_before_unscale, case_06_unscale_twice,
          case_07_resume_without_scaler_state, case_08_cpu_autocast_slowdown,
          case_09_stale_weight_cache, case_10_pure_bf16_updates, case_11_half_model_vs_autocast,
          case_12_deprecated_apis, case_13_scheduler_before_optimizer, case_14_rope_in_bf16,
-         case_15_fp16_adam, case_16_bf16_adam, case_17_checkpoint_recompute_context)
+         case_15_fp16_adam, case_16_bf16_adam, case_17_checkpoint_recompute_context,
+         case_18_run_to_run_differences)
 
 
 def run_all(**case_08_kwargs: Any) -> list[Case]:

@@ -1,9 +1,10 @@
-"""Clinic cases of the training loop around the mechanisms: 12, 13 and 17.
+"""Clinic cases of the training loop around the mechanisms: 12, 13, 17 and 18.
 
 How a loop calls torch's APIs: the deprecated `torch.cuda.amp`/`torch.cpu.amp` namespaces (case
-12), a learning-rate scheduler that steps when GradScaler skipped (case 13), and activation
-checkpointing that recomputes outside the forward's casting context (case 17). Lesson 06 runs
-the loop they belong to.
+12), a learning-rate scheduler that steps when GradScaler skipped (case 13), activation
+checkpointing that recomputes outside the forward's casting context (case 17), and two runs of
+one loop that differ because their sums add in different orders (case 18). Lesson 06 runs the
+loop they belong to.
 """
 from __future__ import annotations
 
@@ -212,3 +213,86 @@ def case_17_checkpoint_recompute_context() -> Case:
                 f"without checkpointing; torch.autocast replayed: "
                 f"{before['torch_autocast_is_replayed']}")
     return diagnosed(17, CHECKPOINT_RECOMPUTE_CONTEXT, before, after, evidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Case 18: two identical runs differ (GPU non-determinism).
+
+def order_spread(dtype: torch.dtype, orders: int = 8, n: int = 4096) -> dict[str, Any]:
+    """One sum of `n` seeded values accumulated in `dtype` in `orders` random orders, as a GPU's
+    atomic adds (index_add_, scatter_add_, embedding and attention backward) may apply them:
+    how many different results, and their spread relative to the float64 sum."""
+    g = torch.Generator().manual_seed(18)
+    values = torch.randn(n, generator=g)
+    slot = torch.zeros(n, dtype=torch.long)
+    results = set()
+    for _ in range(orders):
+        order = torch.randperm(n, generator=g)
+        results.add(torch.zeros(1, dtype=dtype).index_add_(0, slot, values[order].to(dtype)).item())
+    exact = values.double().sum().item()
+    return {"distinct_results": len(results), "relative_spread": (max(results) - min(results)) / abs(exact)}
+
+
+def _embedding_run(order_seed: int | None, steps: int = 30) -> tuple[list[float], nn.Module]:
+    """A small embedding model trained by SGD in FP32 on fixed tokens. With `order_seed`, each
+    step presents the batch's positions in a random order: the same loss (a mean), but every
+    gradient sum (the embedding rows', the head's over positions) adds its terms in another
+    order, as atomics do on a GPU. With None, the order is the same every step and every run."""
+    with seeded(18):
+        model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    g = torch.Generator().manual_seed(180)
+    tokens = torch.randint(16, (256,), generator=g)
+    targets = (tokens * 5 + 3) % 16
+    shuffle = torch.Generator().manual_seed(order_seed) if order_seed is not None else None
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(steps):
+        order = torch.randperm(len(tokens), generator=shuffle) if shuffle else torch.arange(len(tokens))
+        loss = F.cross_entropy(model(tokens[order]), targets[order])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def _compare_runs(first: int | None, second: int | None) -> dict[str, Any]:
+    (losses_a, model_a), (losses_b, model_b) = _embedding_run(first), _embedding_run(second)
+    differing = [step for step, (a, b) in enumerate(zip(losses_a, losses_b)) if a != b]
+    return {"first_differing_step": differing[0] if differing else None,
+            "differing_steps": len(differing),
+            "max_loss_difference": max(abs(a - b) for a, b in zip(losses_a, losses_b)),
+            "weights_bitwise_equal": all(torch.equal(a, b) for a, b in
+                                         zip(model_a.parameters(), model_b.parameters()))}
+
+
+RUN_TO_RUN_DIFFERENCES = """
+Two identical runs differ (GPU non-determinism)
+symptom: the same seed, data and code give losses that agree for a few steps and then drift
+    apart on a GPU; a checkpoint resume that should be bit for bit is not
+cause: a floating-point sum depends on its order, and CUDA kernels that add with atomics
+    (index_add_, scatter_add_, embedding backward, the attention backward of SDPA's
+    memory-efficient and FlashAttention kernels) or split a GEMM's sum (cuBLAS's workspace
+    across streams) add in whatever order the threads arrive; 16-bit accumulation makes each
+    difference larger, and training amplifies it step by step
+fix: torch.use_deterministic_algorithms(True) (fixed-order kernels, or an error naming an op
+    that has none) with CUBLAS_WORKSPACE_CONFIG=:4096:8 set before the first cuBLAS call, plus
+    seeds; it costs speed (sorted or single-split reductions), so keep it for debugging and
+    for tests that compare bit for bit
+references: PyTorch notes, Reproducibility; torch.use_deterministic_algorithms; cuBLAS docs,
+    Results reproducibility; pytorch aten/src/ATen/native/transformers/cuda/attention_backward.cu
+"""
+
+
+def case_18_run_to_run_differences() -> Case:
+    """The same sum in another order gives other bits; two runs that add in different orders
+    drift apart, and two that add in one fixed order agree bit for bit."""
+    before = {"fp32_sum": order_spread(torch.float32), "bf16_sum": order_spread(torch.bfloat16),
+              **_compare_runs(1, 2)}
+    after = _compare_runs(None, None)
+    evidence = (f"one sum of 4096 values in 8 orders: {before['fp32_sum']['distinct_results']} "
+                f"different results in fp32, {before['bf16_sum']['distinct_results']} in bf16; two "
+                f"runs adding in different orders end with weights bitwise equal: "
+                f"{before['weights_bitwise_equal']}; in one fixed order: "
+                f"{after['weights_bitwise_equal']}")
+    return diagnosed(18, RUN_TO_RUN_DIFFERENCES, before, after, evidence)
