@@ -71,7 +71,9 @@ def test_the_lab_compares_the_fast_precisions_at_a_size_that_fits_memory_and_tim
     name, capability, memory, fast16, _ = DEVICES[label]
     fake_gpu(name, capability, memory)
     size = lab_size("cuda")
-    assert size.device_type == "cuda" and size.compare == ("fp32",) + fast16
+    # TF32 where its tensor cores beat FP32: from Ampere on, not the GeForce cards (same rate)
+    tf32 = ("tf32",) if gpus.precisions(capability, gpus.identify(name))["tf32"].accelerated else ()
+    assert size.device_type == "cuda" and size.compare == ("fp32",) + tf32 + fast16
     c = size.config
     assert (c.d_model, c.n_layers, c.seq_len) == (768, 12, 1024), "GPT-2 small's shape"
     estimate = transformer_memory(c.d_model, c.n_layers, c.seq_len, c.batch_size, c.vocab_size, "fp32",
@@ -151,7 +153,9 @@ def test_doctor_prints_the_accelerated_precisions_and_explains_the_lab(label, ac
             if line.split()[:1] and line.split()[0] in accelerated and len(line.split()) > 2}
     assert rows == accelerated
     assert f"GPU class    {gpus.identify(name).name}" in out
-    assert "the lab compares fp32 (TF32 off) with " + " and ".join(
+    tf32 = gpus.precisions(capability, gpus.identify(name))["tf32"].accelerated
+    baselines = "fp32 (TF32 off) and tf32" if tf32 else "fp32 (TF32 off)"
+    assert f"the lab compares {baselines} with " + " and ".join(
         "fp16 (with a loss scaler)" if p == "fp16" else p for p in fast16) in out
 
 
@@ -172,7 +176,7 @@ def test_an_unknown_gpu_gets_a_not_in_the_table_line_from_doctor_and_a_lab_that_
     out = capsys.readouterr().out
     assert "GPU class    NVIDIA L40S (sm_89, 47 GB) is not in the table of mpcourse.machine.gpus" in out
     size = lab_size("cuda")
-    assert size.config.steps == LESSON_CUDA_CONFIG.steps and size.compare == ("fp32", "bf16", "fp16")
+    assert size.config.steps == LESSON_CUDA_CONFIG.steps and size.compare == ("fp32", "tf32", "bf16", "fp16")
     assert "NVIDIA L40S (sm_89) is not in mpcourse.machine.gpus's table" in size.reason
 
 

@@ -164,3 +164,13 @@ def test_reference_was_measured_at_the_labs_size_on_a_machine_named_and_dated():
     assert len(table.splitlines()) == 4 + len(REFERENCE.runs)
     with pytest.raises(ValueError, match="no 'fp8' run"):
         REFERENCE.speedup("fp8")
+
+
+def test_a_gpu_with_tf32_compares_against_fp32_and_tf32():
+    """Issue 43: the GPU lab reports a TF32 row beside FP32 (TF32 tensor cores from sm_80 on), and a
+    T4 (sm_75, no TF32) keeps true FP32 as its one baseline."""
+    ampere = choose_lab_size("cuda", hardware.cuda_precisions((8, 0)))
+    assert ampere.compare == ("fp32", "tf32", "bf16", "fp16")
+    assert "fp32 (TF32 off) and tf32 with" in ampere.reason
+    turing = choose_lab_size("cuda", hardware.cuda_precisions((7, 5)))
+    assert turing.compare[0] == "fp32" and "tf32" not in turing.compare

@@ -53,14 +53,17 @@ class LabSize:
     device_type: str
     fast: tuple[str, ...]
     reason: str
+    #: The FP32 baselines the 16-bit runs are measured against: on a GPU with TF32 tensor cores
+    #: both true FP32 and TF32 (PyTorch's default for convolutions, and what many runs use).
+    baselines: tuple[str, ...] = ("fp32",)
 
     @property
     def compare(self) -> tuple[str, ...]:
-        """The precisions lesson 06 compares: fp32 and the fast 16-bit ones. On a CPU bf16 is
-        always among them, so that a learner whose CPU emulates it sees what emulation costs."""
+        """The precisions lesson 06 compares: the baselines and the fast 16-bit ones. On a CPU bf16
+        is always among them, so that a learner whose CPU emulates it sees what emulation costs."""
         if self.device_type == "cpu":
             return ("fp32", "bf16") + tuple(p for p in self.fast if p != "bf16")
-        return ("fp32",) + self.fast
+        return self.baselines + self.fast
 
 
 def choose_lab_size(device_type: str, precisions: dict[str, PrecisionSupport],
@@ -120,13 +123,14 @@ def cuda_lab_size(precisions: dict[str, PrecisionSupport], gpu: gpus.GpuClass | 
                      f"predict a step from, it runs the configured {config.steps} steps and reports the "
                      "speed it measures")
     emulated = [p for p in SIXTEEN_BIT if precisions[p].supported and not precisions[p].accelerated]
-    compared = "fp32 (TF32 off) with " + (" and ".join(_recipe(p) for p in fast) if fast
-                                          else "nothing faster")
+    baselines = ("fp32", "tf32") if precisions["tf32"].accelerated else ("fp32",)
+    compared = (" and ".join({"fp32": "fp32 (TF32 off)", "tf32": "tf32"}[b] for b in baselines) + " with "
+                + (" and ".join(_recipe(p) for p in fast) if fast else "nothing faster"))
     reason = (f"{'a ' + gpu.name if gpu else device_name}: GPT-2 small's shape (d_model "
               f"{config.d_model}, {config.n_layers} layers); the lab compares {compared}")
     if emulated:
         reason += f"; it leaves out {', '.join(emulated)}, emulated here"
-    return LabSize(config, "cuda", fast, "; ".join([reason] + notes))
+    return LabSize(config, "cuda", fast, "; ".join([reason] + notes), baselines)
 
 
 def _recipe(precision: str) -> str:
