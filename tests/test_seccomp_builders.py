@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import platform
+import re
 import struct
 import subprocess
 import sys
@@ -93,8 +94,9 @@ def _assembled(machine):
 
 def test_the_filter_here_comes_from_libseccomp_and_says_so():
     built = seccomp.build()
-    assert built.builder.startswith("libseccomp 2."), built.builder
-    assert built.program == seccomp.libseccomp_program(pyseccomp, built.builder.split()[1], platform.machine())
+    assert re.fullmatch(r"libseccomp \d+\.\d+\.\d+", built.builder), built.builder
+    version = built.builder.split()[1]
+    assert built.program == seccomp.libseccomp_program(pyseccomp, version, platform.machine())
     for isolation in (Isolation(BUBBLEWRAP), Isolation(USER, "namespaces refused")):
         assert f"a seccomp filter by {built.builder}" in isolation.summary()
 
@@ -158,8 +160,8 @@ def _probe(program: bytes) -> dict:
     arch = MACHINES[platform.machine()]
     number = {name: pyseccomp.resolve_syscall(arch, name)
               for name in ("memfd_create", "clone3", "unshare", "keyctl", "clone", "getppid")}
-    done = subprocess.run([sys.executable, "-I", "-c", PROBE, seccomp.__file__, program.hex(), json.dumps(number)],
-                          capture_output=True, text=True, timeout=program_backstop())
+    done = subprocess.run([sys.executable, "-I", "-c", PROBE, seccomp.__file__, program.hex(),
+                           json.dumps(number)], capture_output=True, text=True, timeout=program_backstop())
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
@@ -197,7 +199,8 @@ def test_a_call_an_older_libseccomp_does_not_know_falls_back_to_the_assembler_sa
 
 def test_a_call_no_builder_knows_and_an_unknown_machine_are_refused_by_name(monkeypatch):
     monkeypatch.setitem(seccomp.REFUSED, "memfd_craete", errno.EPERM)
-    with pytest.raises(ValueError, match=r"libseccomp 2\.5\.4 does not know the system call\(s\) memfd_craete on x86"):
+    unknown = r"libseccomp 2\.5\.4 does not know the system call\(s\) memfd_craete on x86_64"
+    with pytest.raises(ValueError, match=unknown):
         seccomp.libseccomp_program(pyseccomp, "2.5.4", "x86_64")
     with pytest.raises(ValueError, match="no number for the system call.s. memfd_craete on aarch64"):
         seccomp.build("aarch64")

@@ -73,8 +73,8 @@ def assemble(machine: str, refused: Mapping[str, int], clone_flags: int, clone_e
     arch, numbers = SYSCALLS[machine]
     unknown = sorted(set(refused) - set(numbers))
     if unknown:
-        raise ValueError(f"the course's BPF assembler has no number for the system call(s) {', '.join(unknown)} "
-                         f"on {machine}; add it to seccomp_assembler.SYSCALLS")
+        raise ValueError(f"the course's BPF assembler has no number for the system call(s) "
+                         f"{', '.join(unknown)} on {machine}; add it to seccomp_assembler.SYSCALLS")
     p = Program()
     p.op(LOAD, ARCH)
     p.op(JEQ, arch, false="kill")
