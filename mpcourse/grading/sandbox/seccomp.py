@@ -103,8 +103,9 @@ def libseccomp():
 
 
 def libseccomp_program(library, version: str, machine: str) -> bytes:
-    """The policy's filter for `machine`, built by libseccomp (`library`: pyseccomp or Debian's
-    `seccomp`, the same interface). A call libseccomp does not know there is refused by name."""
+    """The policy's filter for `machine`, built by libseccomp `version` through `library` (pyseccomp,
+    whose interface is libseccomp's own Python binding's). A call libseccomp does not know on that
+    machine is refused by name."""
     arch = getattr(library.Arch, MACHINES[machine])
     unknown = [name for name in (*REFUSED, "clone") if library.resolve_syscall(arch, name) < 0]
     if unknown:
