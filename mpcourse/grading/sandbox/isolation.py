@@ -89,10 +89,12 @@ class Isolation:
         """One line for the terminal and the build log: which sandbox, why not a better one, what it
         leaves open."""
         if self.kind == BUBBLEWRAP:
-            name = "bubblewrap (namespaces, seccomp, a uid and control group per submission when root)"
+            name = (f"bubblewrap (namespaces, a seccomp filter by {seccomp.build().builder}, a uid and "
+                    "control group per submission when root)")
         elif self.kind == USER:
             walls = f", Landlock ABI {self.walls}" if self.walls else ", no Landlock"
-            name = f"an unprivileged user per submission{walls} (fallback: {self.problem})"
+            name = (f"an unprivileged user per submission{walls}, a seccomp filter by "
+                    f"{seccomp.build().builder} (fallback: {self.problem})")
         else:
             return f"no sandbox: {self.problem}"
         return f"sandbox: {name}; it does not isolate: {'; '.join(self.gaps)}"
@@ -169,11 +171,16 @@ def fallback_problem() -> str | None:
     probe = ("import importlib.util, os, sys\n"
              f"spec = importlib.util.spec_from_file_location('seccomp', {str(Path(seccomp.__file__))!r})\n"
              "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-             "module.install()\nos.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n"
+             "module.install(bytes.fromhex(sys.argv[2]))\n"
+             "os.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n"
              "try:\n    os.memfd_create('probe')\nexcept PermissionError:\n    sys.exit(0)\nsys.exit(4)")
     try:
-        done = subprocess.run([sys.executable, "-I", "-c", probe, str(sandbox_uid())], capture_output=True,
-                              text=True, timeout=60, cwd="/")
+        program = seccomp.filter_program().hex()
+    except ValueError as error:
+        return str(error)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", probe, str(sandbox_uid()), program],
+                              capture_output=True, text=True, timeout=60, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"the fallback sandbox's probe could not start: {error}"
     if done.returncode != 0:

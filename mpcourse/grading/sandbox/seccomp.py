@@ -1,10 +1,14 @@
 """A seccomp filter for the sandbox: system calls whose effects outlive or escape its limits fail.
 
-Bubblewrap loads a classic BPF program from a file descriptor (`bwrap --seccomp FD`) into the
-sandboxed process before it runs anything; the fallback sandbox (no namespaces) has the worker
-load it itself (`install`) before any learner code runs. This module assembles that program by
-hand (no libseccomp needed) for x86-64 and AArch64. The calls it refuses, with EPERM, are the ones a
-learner could use to hold memory or state that the sandbox's limits do not see:
+The policy (`REFUSED`, `CLONE_FLAGS`) is the one place those calls are named. `build` turns it
+into the classic BPF program the kernel runs: with libseccomp (through `pyseccomp`), which knows
+each call's number on each machine, else, where libseccomp cannot be loaded or does not know a
+call, with the course's own assembler (`seccomp_assembler`); `Filter.builder` says which, for
+the sandbox's summary (`isolation.Isolation.summary`). Bubblewrap loads the program from a file
+descriptor (`bwrap --seccomp FD`, `filter_fd`) into the sandboxed process before it runs anything;
+the fallback sandbox (no namespaces) has the worker load the grader's program itself (`install`)
+before any learner code runs. The calls it refuses, with EPERM, are the ones a learner could use
+to hold memory or state that the sandbox's limits do not see:
 
 - `memfd_create`, `memfd_secret`: anonymous files whose pages count toward no address-space
   limit (a memfd hoard held 1.5 GiB under a 1 GiB RLIMIT_AS);
@@ -19,102 +23,112 @@ learner could use to hold memory or state that the sandbox's limits do not see:
 `clone3` answers ENOSYS, since its flags sit in memory a filter cannot read; the C library then
 falls back to `clone`, whose flags are checked. A process of another architecture (x32 calls on
 x86-64 included) is killed. Everything else is allowed.
+
+Machines: x86-64 and AArch64 (`MACHINES`), the two the course runs on; elsewhere `build` refuses
+by name. The worker loads this file by path, without the `mpcourse` package: only `install` runs
+there, and the builders import what they need when called.
 """
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import platform
-import struct
+import tempfile
+from typing import NamedTuple
 
-# struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
-NR, ARCH, ARG0_LOW = 0, 4, 16
-LOAD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|{JEQ,JGE,JSET}|K, BPF_RET|K
-ALLOW, KILL_PROCESS = 0x7FFF0000, 0x80000000
-X32_BIT = 0x40000000
-NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
-
-
-def _errno(number: int) -> int:
-    return 0x00050000 | number  # SECCOMP_RET_ERRNO
-
-
-#: Per machine: the audit architecture, then the number of each refused call.
-SYSCALLS = {
-    "x86_64": (0xC000003E, {
-        "memfd_create": 319, "memfd_secret": 447, "keyctl": 250, "add_key": 248, "request_key": 249,
-        "shmget": 29, "msgget": 68, "userfaultfd": 323, "perf_event_open": 298, "bpf": 321,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 101,
-        "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272, "setns": 308, "mount": 165,
-        "umount2": 166, "pivot_root": 155, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-        "fsmount": 432, "clone": 56, "clone3": 435}),
-    "aarch64": (0xC00000B7, {
-        "memfd_create": 279, "memfd_secret": 447, "keyctl": 219, "add_key": 217, "request_key": 218,
-        "shmget": 194, "msgget": 186, "userfaultfd": 282, "perf_event_open": 241, "bpf": 280,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "ptrace": 117,
-        "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97, "setns": 268, "mount": 40,
-        "umount2": 39, "pivot_root": 41, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-        "fsmount": 432, "clone": 220, "clone3": 435}),
-}
-SYSCALLS["arm64"] = SYSCALLS["aarch64"]
+#: The policy: each call refused outright, and the errno it fails with.
+REFUSED = {**dict.fromkeys((
+    "memfd_create", "memfd_secret", "keyctl", "add_key", "request_key", "shmget", "msgget",
+    "userfaultfd", "perf_event_open", "bpf", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount", "umount2",
+    "pivot_root", "open_tree", "move_mount", "fsopen", "fsmount"), errno.EPERM),
+    "clone3": errno.ENOSYS}
+#: The policy for `clone`: with any of these flags (a new namespace) it fails with CLONE_ERRNO.
+CLONE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+               "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+               "CLONE_NEWNET": 0x40000000}
+CLONE_ERRNO = errno.EPERM
+#: The machines the filter is built for (platform.machine()), with libseccomp's name for each.
+MACHINES = {"x86_64": "X86_64", "aarch64": "AARCH64"}
+ASSEMBLER = "the course's own BPF assembler"
 
 
-class Program:
-    """Classic BPF with forward jumps to named labels, resolved when assembled."""
+class Filter(NamedTuple):
+    """A filter program, as the kernel and `bwrap --seccomp` read it, and what built it:
+    'libseccomp X.Y.Z', or ASSEMBLER with why libseccomp did not."""
+    program: bytes
+    builder: str
 
-    def __init__(self):
-        self.code, self.labels = [], {}
 
-    def op(self, code: int, k: int = 0, true: str | None = None, false: str | None = None):
-        self.code.append((code, true, false, k))
-
-    def label(self, name: str):
-        self.labels[name] = len(self.code)
-
-    def assemble(self) -> bytes:
-        out = b""
-        for index, (code, true, false, k) in enumerate(self.code):
-            jumps = [0 if to is None else self.labels[to] - index - 1 for to in (true, false)]
-            if not all(0 <= jump <= 255 for jump in jumps):
-                raise ValueError(f"jump out of range at instruction {index}: {jumps}")
-            out += struct.pack("=HBBI", code, jumps[0], jumps[1], k)
-        return out
+def build(machine: str | None = None) -> Filter:
+    """The policy's filter for `machine` (default: this one), from libseccomp where it can be
+    loaded and knows every call, else from the course's own assembler."""
+    machine = machine or platform.machine()
+    if machine not in MACHINES:
+        raise ValueError(f"no seccomp filter for machine {machine!r}; known: {', '.join(sorted(MACHINES))}")
+    library, version = libseccomp()
+    if library is None:
+        why = version
+    else:
+        try:
+            return Filter(libseccomp_program(library, version, machine), f"libseccomp {version}")
+        except ValueError as error:  # an older libseccomp than a call of the policy
+            why = str(error)
+    from mpcourse.grading.sandbox.seccomp_assembler import assemble
+    return Filter(assemble(machine, REFUSED, sum(CLONE_FLAGS.values()), CLONE_ERRNO), f"{ASSEMBLER} ({why})")
 
 
 def filter_program(machine: str | None = None) -> bytes:
     """The filter for `machine` (default: this one), as the bytes `bwrap --seccomp` reads."""
-    machine = machine or platform.machine()
-    if machine not in SYSCALLS:
-        raise ValueError(f"no seccomp filter for machine {machine!r}; known: {', '.join(sorted(SYSCALLS))}")
-    arch, numbers = SYSCALLS[machine]
-    p = Program()
-    p.op(LOAD, ARCH)
-    p.op(JEQ, arch, false="kill")
-    p.op(LOAD, NR)
-    if arch == SYSCALLS["x86_64"][0]:
-        p.op(JGE, X32_BIT, true="kill")
-    p.op(JEQ, numbers["clone"], true="clone")
-    p.op(JEQ, numbers["clone3"], true="nosys")
-    for name, number in numbers.items():
-        if name not in ("clone", "clone3"):
-            p.op(JEQ, number, true="refuse")
-    p.op(RET, ALLOW)
-    p.label("clone")
-    p.op(LOAD, ARG0_LOW)
-    p.op(JSET, NAMESPACE_FLAGS, true="refuse")
-    p.op(RET, ALLOW)
-    p.label("refuse")
-    p.op(RET, _errno(errno.EPERM))
-    p.label("nosys")
-    p.op(RET, _errno(errno.ENOSYS))
-    p.label("kill")
-    p.op(RET, KILL_PROCESS)
-    return p.assemble()
+    return build(machine).program
+
+
+@functools.lru_cache(maxsize=None)
+def libseccomp():
+    """(pyseccomp, libseccomp's version, e.g. '2.5.4'), or (None, why neither can be loaded)."""
+    import ctypes.util
+    try:
+        import pyseccomp  # raises RuntimeError where it finds no libseccomp
+
+        class Version(ctypes.Structure):
+            _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+
+        library = ctypes.CDLL(ctypes.util.find_library("seccomp"))  # the library pyseccomp found
+        library.seccomp_version.restype = ctypes.POINTER(Version)
+        version = library.seccomp_version().contents
+    except (ImportError, RuntimeError, OSError, AttributeError) as error:
+        return None, f"libseccomp cannot be loaded: {type(error).__name__}: {error}"
+    return pyseccomp, f"{version.major}.{version.minor}.{version.micro}"
+
+
+def libseccomp_program(library, version: str, machine: str) -> bytes:
+    """The policy's filter for `machine`, built by libseccomp `version` through `library` (pyseccomp,
+    whose interface is libseccomp's own Python binding's). A call libseccomp does not know on that
+    machine is refused by name."""
+    arch = getattr(library.Arch, MACHINES[machine])
+    unknown = [name for name in (*REFUSED, "clone") if library.resolve_syscall(arch, name) < 0]
+    if unknown:
+        raise ValueError(f"libseccomp {version} does not know the system call(s) {', '.join(unknown)} "
+                         f"on {machine}")
+    rules = library.SyscallFilter(library.ALLOW)
+    rules.set_attr(library.Attr.ACT_BADARCH, library.KILL_PROCESS)
+    if library.system_arch() != arch:  # another machine's filter (the tests build both)
+        rules.add_arch(arch)
+        rules.remove_arch(library.system_arch())
+    for name, error in REFUSED.items():
+        rules.add_rule(library.ERRNO(error), name)
+    for flag in CLONE_FLAGS.values():  # rules for one call are or-ed: any flag refuses
+        rules.add_rule(library.ERRNO(CLONE_ERRNO), "clone", library.Arg(0, library.MASKED_EQ, flag, flag))
+    with tempfile.TemporaryFile() as out:
+        rules.export_bpf(out)
+        out.seek(0)
+        return out.read()
 
 
 def filter_fd() -> int:
-    """A readable descriptor holding the filter (a pipe, so no file is left behind); the caller
-    passes it to bwrap and closes it."""
+    """A readable descriptor holding this machine's filter (a pipe, so no file is left behind);
+    the caller passes it to bwrap and closes it."""
     program = filter_program()
     read, write = os.pipe()
     try:
@@ -124,16 +138,17 @@ def filter_fd() -> int:
     return read
 
 
-SECCOMP_SYSCALL = {"x86_64": 317, "aarch64": 277, "arm64": 277}
+#: The number of `seccomp` itself on each machine (tests/test_seccomp_builders.py checks them
+#: against libseccomp's), for `install`, which runs where libseccomp is not loaded.
+SECCOMP_SYSCALL = {"x86_64": 317, "aarch64": 277}
 PR_SET_NO_NEW_PRIVS, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 38, 1, 1
 
 
-def install():
-    """Load the filter into this process, every thread of it (TSYNC), and all it starts: the
-    fallback sandbox's way, where no bubblewrap loads it. Raises OSError if the kernel refuses."""
+def install(program: bytes):
+    """Load `program` (`build`'s) into this process, every thread of it (TSYNC), and all it starts:
+    the fallback sandbox's way, where no bubblewrap loads it. Raises OSError if the kernel refuses."""
     import ctypes
 
-    program = filter_program()
     libc = ctypes.CDLL(None, use_errno=True)
 
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }

@@ -58,7 +58,7 @@ def confine(limits):
     if limits.get("landlock"):  # raises if the kernel refuses: then no learner code runs
         landlock.restrict(limits["landlock"]["read"], limits["landlock"]["write"])
     if limits.get("seccomp"):
-        seccomp.install()
+        seccomp.install(bytes.fromhex(limits["seccomp"]))
     user = limits.get("user")
     if user is not None and os.getuid() == 0:
         if limits.get("seccomp"):  # the fallback: no bubblewrap made Python's folders traversable
