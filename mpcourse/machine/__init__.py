@@ -4,6 +4,7 @@
 - `gpus`: the GPU classes learners meet and what their tensor cores run;
 - `cpu_profiles`: simulated CPUs, so that a lesson can be checked as another machine would run it;
 - `performance`: the roofline of lesson 00 (FLOPs, bytes, tensor-core-friendly shapes);
+- `kernel_names`: which profiled GPU kernels are matmuls, and in which precision (lesson 06);
 - `benchmark`: honest timing (`measure`, `compare`).
 """
 from mpcourse.machine.hardware import HardwareReport, format_report, report, scaled

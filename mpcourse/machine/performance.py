@@ -221,7 +221,8 @@ def kernels_that_ran(fn: Callable[[], object]) -> list[KernelCall]:
     matmul on a CPU shows up as `aten::mm` or `aten::addmm` with BFloat16 inputs; on a GPU the
     CUDA kernel's own name says which unit did the work (a name with `bf16` and `gemm` or
     `xmma`, or `tf32` for a TF32 matmul, runs on tensor cores; `sgemm` or `ampere_sgemm` means
-    plain FP32 on CUDA cores).
+    plain FP32 on CUDA cores). On Hopper and Blackwell most of cuBLAS's GEMMs are `nvjet_*`
+    kernels: `kernel_names.is_matmul_kernel` recognises both kinds.
     """
     if not callable(fn):
         raise TypeError(f"kernels_that_ran needs a function to call, got {fn!r} "

@@ -9,6 +9,8 @@
 - `checkpoint`: save and resume, bit for bit;
 - `device`: whether a precision runs, and runs fast, on the chosen device;
 - `models`: the small GPT every run trains, and `data`: the synthetic text it reads;
+- `batch_noise`: how much a batch's loss moves only because batches differ, exact from the text's
+  transition table (the yardstick lesson 06 compares precisions against);
 - `sizing`: `lab_size`, the lab's size on this machine (lesson 06, and lesson 00's first run);
 - `variants` (a package): the runs that plug FP8, block scaling and the optimizer ladder in.
 
