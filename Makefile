@@ -175,3 +175,9 @@ release: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(LATEST) build *.egg-info
+
+# Each lesson's GPU-size branch rehearsed on the CPU (issue 43): the cells whose conclusion depends
+# on the size, at the CUDA sizes (INSTRUCTORS.md, "The GPU rehearsal"). Not part of `make test`.
+.PHONY: gpu-rehearsal
+gpu-rehearsal: $(DEV_STAMP)
+	MPCOURSE_GPU_REHEARSAL=1 $(PY) -m pytest -q -n 0 tests/gpu_rehearsal/rehearse_*.py

@@ -25,15 +25,18 @@ def run_cells():
     return _run_cells
 
 
-def _run_cells(notebook: str, cell_ids: list[str], then: str = "", timeout_s: int = 3600) -> list[str]:
-    """Run the cells `cell_ids` of `notebooks/<notebook>`, in the notebook's order, then the code
-    `then` (a check on the kernel's state); return each executed cell's printed text."""
+def _run_cells(notebook: str, cell_ids: list[str], then: str = "", setup: str = "",
+               timeout_s: int = 3600) -> list[str]:
+    """Run the code `setup`, then the cells `cell_ids` of `notebooks/<notebook>` in the notebook's
+    order, then the code `then` (a check on the kernel's state); return each cell's printed text."""
     nb = nbformat.read(NOTEBOOKS / notebook, as_version=4)
     known = {cell.get("id") for cell in nb.cells}
     missing = [cell_id for cell_id in cell_ids if cell_id not in known]
     if missing:
         raise ValueError(f"{notebook} has no cell {', '.join(missing)}")
     nb.cells = [cell for cell in nb.cells if cell.get("id") in cell_ids]
+    if setup:
+        nb.cells.insert(0, nbformat.v4.new_code_cell(setup))
     if then:
         nb.cells.append(nbformat.v4.new_code_cell(then))
     env = {**os.environ, GPU_REHEARSAL_VARIABLE: "1", "MPLBACKEND": "Agg"}
