@@ -19,7 +19,8 @@ from mpcourse.train.models import GPT
 
 CONFIG = RunConfig(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=8, steps=3,
                    vocab_size=64, lr=1e-2, device="cpu", loss_scaling="off", grad_clip=None)
-RUNS = [DistributedRun("ddp"), DistributedRun("fsdp2", param_dtype=torch.bfloat16, reduce_dtype=torch.float32)]
+RUNS = [DistributedRun("ddp"),
+        DistributedRun("fsdp2", param_dtype=torch.bfloat16, reduce_dtype=torch.float32)]
 LAUNCH_MARGIN = 30   # as tests/test_distributed.py: a launch may take this many times a cold start
 
 

@@ -27,7 +27,8 @@ from mpcourse.distributed.strategies import (COMPRESSIONS, POLICY_DTYPES, STRATE
                                              sharding_policy)
 
 __all__ = [
-    "CollectiveCounter", "COLLECTIVES", "DriftBounds", "drift_bounds", "RankMemory", "collective_results", "memory_per_rank",
+    "CollectiveCounter", "COLLECTIVES", "DriftBounds", "drift_bounds", "RankMemory", "collective_results",
+    "memory_per_rank",
     "simulated_reduce", "wire_bytes", "wire_bytes_of_payload", "DistributedResult",
     "check_nproc", "launch", "torchrun_command", "COMPRESSIONS", "POLICY_DTYPES", "STRATEGIES",
     "DistributedRun", "DistributedRunConfig", "compress_hook", "run_for_precision",
