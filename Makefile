@@ -183,3 +183,9 @@ clean:
 .PHONY: gpu-check
 gpu-check: $(DEV_STAMP)
 	$(PY) tools/gpu_check.py $(if $(SMOKE),--smoke)
+
+# Each lesson's GPU-size branch rehearsed on the CPU (issue 43): the cells whose conclusion depends
+# on the size, at the CUDA sizes (INSTRUCTORS.md, "The GPU rehearsal"). Not part of `make test`.
+.PHONY: gpu-rehearsal
+gpu-rehearsal: $(DEV_STAMP)
+	MPCOURSE_GPU_REHEARSAL=1 $(PY) -m pytest -q $(PARALLEL) tests/gpu_rehearsal/rehearse_*.py

@@ -11,6 +11,7 @@
 - `launch`: `launch(runs, config, nproc)` starts `nproc` local processes through torchrun,
   and brings back each run's losses, bytes per collective and memory per rank;
 - `worker`: what each of those processes runs.
+- `drift`: how far each run's loss may drift from one process's, at the size that was measured.
 
 The global batch is split evenly across ranks and every loss is averaged over all ranks, so a
 distributed run computes what `mpcourse.train.train` computes in one process on the whole
@@ -19,13 +20,15 @@ batch, up to rounding.
 from mpcourse.distributed.collectives import COLLECTIVES, CollectiveCounter, collective_results
 from mpcourse.distributed.costs import (RankMemory, memory_per_rank, simulated_reduce, wire_bytes,
                                        wire_bytes_of_payload)
+from mpcourse.distributed.drift import DriftBounds, drift_bounds
 from mpcourse.distributed.launch import DistributedResult, check_nproc, launch, torchrun_command
 from mpcourse.distributed.strategies import (COMPRESSIONS, POLICY_DTYPES, STRATEGIES, DistributedRun,
                                              DistributedRunConfig, compress_hook, run_for_precision,
                                              sharding_policy)
 
 __all__ = [
-    "CollectiveCounter", "COLLECTIVES", "RankMemory", "collective_results", "memory_per_rank",
+    "CollectiveCounter", "COLLECTIVES", "DriftBounds", "drift_bounds", "RankMemory", "collective_results",
+    "memory_per_rank",
     "simulated_reduce", "wire_bytes", "wire_bytes_of_payload", "DistributedResult",
     "check_nproc", "launch", "torchrun_command", "COMPRESSIONS", "POLICY_DTYPES", "STRATEGIES",
     "DistributedRun", "DistributedRunConfig", "compress_hook", "run_for_precision",

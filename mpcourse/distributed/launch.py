@@ -29,6 +29,7 @@ class DistributedResult:
     param_bytes: list[int] = field(default_factory=list)           # per rank, parameters it stores
     grad_bytes: list[int] = field(default_factory=list)            # per rank, gradients it stores
     largest_gathered_bytes: int = 0    # the biggest unsharded parameter group an all-gather made
+    unit_output_dtypes: dict[str, str] = field(default_factory=dict)   # first block's modules, forward
 
     @property
     def gradient_bytes_per_step(self) -> int:

@@ -203,13 +203,23 @@ class DistributedRunConfig(RunConfig):
     @contextlib.contextmanager
     def measuring(self, step: int, model: torch.nn.Module, measurements: dict):
         """On the first step: the bytes this rank hands to each collective during forward and
-        backward, and the bytes of the parameters and gradients it stores after backward."""
+        backward, the bytes of the parameters and gradients it stores after backward, and the
+        dtype each module of the first block (one FSDP2 unit) returned in the forward pass."""
         if "bytes_per_step" in measurements:
             yield
             return
-        with CollectiveCounter() as counter:
-            yield
+        unit_dtypes: dict[str, str] = {}
+        unit = getattr(model, "module", model).blocks[0]   # DDP wraps the model; FSDP2 does not
+        hooks = [module.register_forward_hook(_dtype_recorder(name, unit_dtypes))
+                 for name, module in unit.named_modules() if name]
+        try:
+            with CollectiveCounter() as counter:
+                yield
+        finally:
+            for hook in hooks:
+                hook.remove()
         measurements.update(
+            unit_output_dtypes=unit_dtypes,
             bytes_per_step=counter.bytes, largest_gathered_bytes=counter.largest_gathered_bytes,
             param_bytes=sum(_local(p).nbytes for p in model.parameters()),
             grad_bytes=sum(_local(p.grad).nbytes for p in model.parameters() if p.grad is not None))
@@ -220,6 +230,14 @@ class DistributedRunConfig(RunConfig):
         total = loss.detach().clone()
         dist.all_reduce(total)
         return total.item() / dist.get_world_size()
+
+
+def _dtype_recorder(name: str, seen: dict[str, str]):
+    """A forward hook that records, once, the dtype of the tensor module `name` returns."""
+    def record(module, args, output):
+        if isinstance(output, torch.Tensor):
+            seen.setdefault(name, dtype_name(output.dtype))
+    return record
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

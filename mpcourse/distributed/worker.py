@@ -29,7 +29,8 @@ def train_on_every_rank(run: DistributedRun, config: RunConfig) -> dict:
     return {"world_size": dist.get_world_size(), "backend": dist.get_backend(),
             "losses": result.losses, "bytes_per_step": measured["bytes_per_step"],
             "param_bytes": [m[0] for m in everyone], "grad_bytes": [m[1] for m in everyone],
-            "largest_gathered_bytes": measured["largest_gathered_bytes"]}
+            "largest_gathered_bytes": measured["largest_gathered_bytes"],
+            "unit_output_dtypes": measured["unit_output_dtypes"]}
 
 
 def main(argv: list[str] | None = None) -> int:
