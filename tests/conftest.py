@@ -1,7 +1,10 @@
+import os
 import sys
 
 import pytest
 import torch
+
+from cached_plans import PLAN_CACHE
 
 
 @pytest.fixture(scope="module")
@@ -11,6 +14,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plan_cache(tmp_path_factory):
+    """One folder of cached plans (tests/cached_plans.py) for the whole run, all workers together."""
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "plans"
+    folder.mkdir(exist_ok=True)
+    os.environ[PLAN_CACHE] = str(folder)
+    yield folder
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,6 +23,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from grading_budgets import backstop, program_backstop
+from cached_plans import MPCOURSE
 
 from mpcourse.grading.judging.exercise import (BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION,
                                                 load_exercise)
@@ -122,7 +123,7 @@ def canvas_download(folder: Path) -> tuple[Path, dict]:
 
 
 def _cli(*args, cwd, timeout=None):
-    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([*MPCOURSE, *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout or program_backstop())
 
 

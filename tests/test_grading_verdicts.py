@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from grading_budgets import backstop, program_backstop, submission_budget
+from cached_plans import MPCOURSE
 
 from mpcourse.grading import grader, watch
 from mpcourse.grading.judging import codec, judge
@@ -349,7 +350,7 @@ def test_no_hidden_test_line_reaches_a_gradebook_and_a_cast_is_evidence_not_a_ve
              "ex01_cast_behind_helper", "ex01_zeros"]
     for name in names:
         (tmp_path / f"{name}.ipynb").write_bytes((FIXTURES / f"{name}.ipynb").read_bytes())
-    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *sorted(map(str, tmp_path.glob("*.ipynb"))),
+    done = subprocess.run([*MPCOURSE, "grade", *sorted(map(str, tmp_path.glob("*.ipynb"))),
                            "--jobs", "2", "--json", "--csv", str(tmp_path / "grades.csv")],
                           capture_output=True, text=True, cwd=ROOT,
                           timeout=backstop(names, grader.Options().timeout, jobs=2))

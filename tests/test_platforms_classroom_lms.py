@@ -21,6 +21,7 @@ import nbformat
 import pytest
 import yaml
 from grading_budgets import program_backstop
+from cached_plans import MPCOURSE
 
 from mpcourse.grading import gradebook as gradebook_module
 from mpcourse.grading.judging.exercise import load_exercise
@@ -155,7 +156,7 @@ def _gradebook(tmp_path) -> Path:
         (tmp_path / learner).mkdir(exist_ok=True)
         (tmp_path / learner / f"{exercise}.ipynb").write_bytes((ROOT / source / f"{exercise}.ipynb").read_bytes())
     paths = sorted(str(p) for p in tmp_path.glob("*/*.ipynb"))
-    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--csv", str(tmp_path / "gradebook.csv"),
+    done = subprocess.run([*MPCOURSE, "grade", "--csv", str(tmp_path / "gradebook.csv"),
                            "--lms", "canvas,moodle", "--lms", "blackboard", "--jobs", "2", "--", *paths],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stderr
