@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,8 +19,8 @@ import pytest
 import torch
 
 from cpu_hogs import cpu_hogs, stop
-from grading_budgets import backstop, sandbox_processes, submission_budget
 from cached_plans import MPCOURSE
+from grading_budgets import backstop, sandbox_processes, submission_budget
 from mpcourse.grading import gradebook
 from mpcourse.grading.judging import checkable, codec
 from mpcourse.grading.judging import selfcheck as check_module

@@ -22,8 +22,8 @@ import nbformat
 import pytest
 import torch
 
-from grading_budgets import backstop, program_backstop, sandbox_processes
 from cached_plans import MPCOURSE
+from grading_budgets import backstop, program_backstop, sandbox_processes
 from mpcourse.grading.instructor import class_run
 from mpcourse.grading.judging import codec
 from mpcourse.grading import gradebook, grader

@@ -20,8 +20,8 @@ import jsonschema
 import nbformat
 import pytest
 import yaml
-from grading_budgets import program_backstop
 from cached_plans import MPCOURSE
+from grading_budgets import program_backstop
 
 from mpcourse.grading import gradebook as gradebook_module
 from mpcourse.grading.judging.exercise import load_exercise
