@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _counting_planner(made: list):
     def plan_exercises(exercises, keys, jobs, options):
         made.extend(sorted(keys))
-        return {key: Plan([f"{key} planned"]) if key != "ex01" else "RuntimeError: could not run" for key in keys}
+        return {key: Plan([f"{key} planned"]) if key != "ex01" else "RuntimeError: could not run"
+                for key in keys}
     return plan_exercises
 
 
