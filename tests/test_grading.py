@@ -1,8 +1,9 @@
 """The exercise pipeline: release, the learner's check(), and the grader against hostile submissions.
 
 The hostile submissions and the score each must get are in tests/fixtures/submissions (MANIFEST.json,
-written by build_fixtures.py there). They are graded once, in the sandbox; the tests then check the
-scores, the reasons, the gradebook, and that nothing outside the sandbox changed or survived.
+written by build_fixtures.py there). They are graded once, in the sandbox, the load-sensitive ones
+(MANIFEST.json's `load_sensitive`) in a second run beside two CPU hogs; the tests then check the
+scores, the reasons, the gradebooks, and that nothing outside the sandbox changed or survived.
 """
 import csv
 import importlib.util
