@@ -41,8 +41,11 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # so module fixtures and a notebook's cells are not split. On the course's 2 cores that made the
 # unit tests 1.5x faster (324 s against 479 s) and the notebooks about as much, each kernel on one
 # thread there. Stored outputs must hold whatever the thread count, as on any instructor's machine.
+# Files go to the workers in the order tests/conftest.py sets, the longest first (not reordered by
+# their number of tests). The unit tests and the notebooks print their 25 slowest tests or cells.
 TEST_WORKERS ?= 2
-PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+DURATIONS := --durations=25
 PARALLEL_NOTEBOOKS := OMP_NUM_THREADS=1 $(PY) -m pytest $(PARALLEL)
 # Another CPU's kernel paths on this one: torch's baseline (non-vectorised) kernels and oneDNN
 # limited to AVX2. Floats that depend on the machine's kernels come out different here, so a
@@ -93,11 +96,11 @@ test: check-python $(DEV_STAMP)
 	@$(PY) tools/stages.py $(TEST_STAGES)
 
 unit: $(DEV_STAMP) $(NODE_TOOLS)
-	$(PY) -m pytest $(PARALLEL) tests/ --ignore=tests/browser --ignore=tests/hosted
+	$(PY) -m pytest $(PARALLEL) $(DURATIONS) tests/ --ignore=tests/browser --ignore=tests/hosted
 
 # Prints each notebook's execution time (tests/notebook_times.py).
 notebooks: $(DEV_STAMP)
-	$(PARALLEL_NOTEBOOKS) -p tests.notebook_times $(NBVAL) notebooks/ solutions/
+	$(PARALLEL_NOTEBOOKS) -p tests.notebook_times $(DURATIONS) $(NBVAL) notebooks/ solutions/
 
 # The lessons as on two other CPUs: an AVX2-only one (its kernel paths, and the course's
 # decisions for a CPU that emulates both 16-bit formats), and a Xeon with AMX (bf16 and fp16

@@ -4,8 +4,6 @@ The grader's budgets are CPU time of each sandbox, with wall-clock backstops `WA
 larger; a test waits for a grading run as long as the grader itself would let it run, never a
 fixed number of seconds that a busy machine could outrun.
 """
-import subprocess
-import sys
 from pathlib import Path
 
 from mpcourse.grading import grader
@@ -36,17 +34,6 @@ def program_backstop() -> float:
     """Wall-clock seconds for a short Python program a test runs (it imports torch, calls a few
     answers): one grader budget's backstop, `--timeout`'s default times `WALL_FACTOR`."""
     return grader.Options().timeout * WALL_FACTOR
-
-
-def cpu_hogs(count: int = 2) -> list[subprocess.Popen]:
-    """CPU-bound processes to run beside a graded run, whose scores must not move; `stop` them."""
-    return [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(count)]
-
-
-def stop(processes: list[subprocess.Popen]):
-    for process in processes:
-        process.kill()
-        process.wait()
 
 
 def sandbox_processes(marker: str) -> list[str]:

@@ -10,11 +10,11 @@ score against the one its answer was built to earn, the feedback pages for hidde
 report's pass rates against the gradebook, and the Canvas import's columns.
 """
 import csv
+import functools
 import html
 import json
 import re
 import subprocess
-import sys
 import time
 import zipfile
 from collections import Counter
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from cached_plans import MPCOURSE
 from grading_budgets import backstop, program_backstop
 
 from mpcourse.grading.judging.exercise import (BEGIN_HIDDEN, BEGIN_SOLUTION, END_HIDDEN, END_SOLUTION,
@@ -31,7 +32,6 @@ pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = ("ex00_bytes", "ex01_bf16_rounding", "ex05_scaler_update")
-LOADED = {name: load_exercise(ROOT / "solutions" / f"{name}.ipynb") for name in EXERCISES}
 LEARNERS = 30
 TIMEOUT = 30  # --timeout: CPU seconds, so honest work (a few seconds) keeps its score on a busy machine,
 # and each looping answer costs this much CPU time
@@ -43,6 +43,12 @@ WRONG_ANSWERS = {"ex00_bytes": {"def tensor_bytes": "def tensor_bytes(numel, dty
                  "ex05_scaler_update": {"def update_scale": "def update_scale(scale, growth_tracker, found_inf, "
                                         "growth_factor, backoff_factor, growth_interval):\n"
                                         "    return scale, growth_tracker\n"}}
+
+
+@functools.cache
+def loaded(name: str):
+    """The exercise `name` as the grader loads it from its solution (when a test first asks)."""
+    return load_exercise(ROOT / "solutions" / f"{name}.ipynb")
 
 
 def kind_of(learner: int, exercise: int) -> str:
@@ -83,7 +89,7 @@ def notebook(name: str, kind: str) -> bytes:
 
 
 def expected_score(name: str, kind: str) -> float:
-    tests = LOADED[name].tests
+    tests = loaded(name).tests
     if kind == "right":
         return sum(t.points for t in tests)
     if kind == "wrong":
@@ -122,7 +128,7 @@ def canvas_download(folder: Path) -> tuple[Path, dict]:
 
 
 def _cli(*args, cwd, timeout=None):
-    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([*MPCOURSE, *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout or program_backstop())
 
 
@@ -227,7 +233,7 @@ def test_the_canvas_import_has_canvas_columns(class_run):
     with open(folder / "gradebook.canvas.csv", newline="") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *EXERCISES]
-    assert rows[1] == ["    Points Possible", "", "", "", ""] + [f"{LOADED[e].max_score:.2f}" for e in EXERCISES]
+    assert rows[1] == ["    Points Possible", "", "", "", ""] + [f"{loaded(e).max_score:.2f}" for e in EXERCISES]
     by_id = {row[1]: row for row in rows[2:]}
     assert set(by_id) == {user_id for user_id, _ in expected}
     assert by_id["1029"][7] == ""  # nothing handed in: blank, which Canvas reads as no change

@@ -9,6 +9,7 @@ import re
 import warnings
 from pathlib import Path
 
+from grading_budgets import program_backstop
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +99,7 @@ def test_the_lab_closure_follows_the_via_annotations():
 def test_make_lab_installs_the_lab_lock_and_make_test_adds_the_whole_lock(tmp_path):
     import subprocess
     plans = {target: subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path}/venv"],
-                                    capture_output=True, text=True, timeout=60).stdout
+                                    capture_output=True, text=True, timeout=program_backstop()).stdout
              for target in ("lab", "test")}
     assert "-r requirements-lab.txt" in plans["lab"] and "-r requirements-lock.txt" not in plans["lab"]
     assert "-r requirements-lab.txt" in plans["test"] and "-r requirements-lock.txt" in plans["test"]

@@ -2,15 +2,13 @@
 from the released exercise, the way tests/test_exercise_predictions.py grades ex01's; and the
 reference of the 8-bit question, the course's library, checked against a count made with integers.
 """
-import json
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
+from exercise_run import graded_exercises
 
 from mpcourse.numbers.formats import BF16
 from mpcourse.grading.judging.release import STUB
@@ -80,16 +78,15 @@ def _submission(folder: Path, name: str, answers: tuple[str, str]) -> Path:
     return path
 
 
+def submissions(folder: Path) -> list[Path]:
+    """SUBMISSIONS written into `folder`; tests/exercise_run.py grades them."""
+    return [_submission(folder, name, answers) for name, answers in SUBMISSIONS.items()]
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ex11")
-    paths = [_submission(folder, name, answers) for name, answers in SUBMISSIONS.items()]
-    result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *map(str, paths), "--json",
-                             "--timeout", "300", "--jobs", "2", "--solutions", str(ROOT / "solutions")],
-                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
-    assert result.returncode == 0, result.stderr
-    return {Path(s["path"]).stem.removeprefix(EX11 + "_"): {t["id"]: t for t in s["tests"]}
-            for s in json.loads(result.stdout)["submissions"]}
+    return {Path(path).stem.removeprefix(EX11 + "_"): {t["id"]: t for t in s["tests"]}
+            for path, s in graded_exercises(tmp_path_factory, "test_ex11_prediction").items()}
 
 
 @pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)

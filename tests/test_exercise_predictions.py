@@ -8,16 +8,14 @@ and neither may a submission that overwrites the measured truth in its own names
 variants are the mistakes the reworked exercise is about: not dividing the loss by the number of
 micro-batches, stepping the scaler per micro-batch, and one backward on the summed loss.
 """
-import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
+from exercise_run import graded_exercises
 
 from mpcourse.lowbit import blockscale
 from mpcourse.lowbit.blockscale import (MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL, fake_quantize,
@@ -141,11 +139,10 @@ def _submission(folder: Path, exercise: str, name: str, answers: dict[str, str],
     return path
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("predictions")
+def submissions(folder: Path) -> list[Path]:
+    """The right, wrong and hostile submissions, written into `folder`; tests/exercise_run.py grades them."""
     variants = _ex06_variants()
-    paths = [
+    return [
         _submission(folder, EX01, "right_predictions", EX01_RIGHT),
         _submission(folder, EX01, "wrong_predictions", EX01_WRONG),
         _submission(folder, EX01, "hostile_predictions", EX01_HOSTILE, extra=EX01_OVERWRITES_TRUTH),
@@ -159,11 +156,12 @@ def graded(tmp_path_factory):
         _submission(folder, EX10, "hostile_predictions", EX10_HOSTILE),
         _submission(folder, EX11, "wrong_predictions", EX11_WRONG),
     ]
-    result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *map(str, paths), "--json",
-                             "--timeout", "300", "--jobs", "2", "--solutions", str(ROOT / "solutions")],
-                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
-    assert result.returncode == 0, result.stderr
-    return {Path(s["path"]).stem: {t["id"]: t for t in s["tests"]} for s in json.loads(result.stdout)["submissions"]}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return {Path(path).stem: {t["id"]: t for t in s["tests"]}
+            for path, s in graded_exercises(tmp_path_factory, "test_exercise_predictions").items()}
 
 
 EX01_PREDICTIONS = ("predict_count_1024_2048", "predict_rounded_value", "predict_largest_error")

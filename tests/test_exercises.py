@@ -1,12 +1,12 @@
-"""Every exercise end to end: each solution scores 100%, each learner copy as released scores 0."""
-import json
+"""Every exercise end to end: each solution scores 100%, each learner copy as released scores 0.
+
+Graded with the prediction tests' submissions in one run, with the grader's own planning
+(tests/exercise_run.py)."""
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from grading_budgets import backstop
+from exercise_run import graded_exercises
 
 pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 
@@ -15,20 +15,19 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("ex*.ipynb"))
 
 
+def submissions(folder: Path) -> list[Path]:
+    """Copies of every solution and released exercise, in `folder`'s solutions/ and exercises/ (the
+    grader refuses a submission inside its solutions folder). tests/exercise_run.py grades them."""
+    copies = []
+    for name, paths in (("solutions", SOLUTIONS), ("exercises", EXERCISES)):
+        (folder / name).mkdir()
+        copies += [Path(shutil.copy(path, folder / name / path.name)) for path in paths]
+    return copies
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    # graded as copies: the grader refuses a submission inside its solutions folder
-    tmp = tmp_path_factory.mktemp("exercises")
-    for folder, paths in (("solutions", SOLUTIONS), ("exercises", EXERCISES)):
-        (tmp / folder).mkdir()
-        for path in paths:
-            shutil.copy(path, tmp / folder / path.name)
-    paths = [str(tmp / p.parent.name / p.name) for p in SOLUTIONS + EXERCISES]
-    result = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--solutions", str(ROOT / "solutions"),
-                             "--json", "--timeout", "300", "--", *paths],
-                            capture_output=True, text=True, cwd=ROOT, timeout=backstop(paths, 300))
-    assert result.returncode == 0, result.stderr
-    return {Path(s["path"]).relative_to(tmp).as_posix(): s for s in json.loads(result.stdout)["submissions"]}
+    return graded_exercises(tmp_path_factory, "test_exercises")
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)

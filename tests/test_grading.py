@@ -1,16 +1,17 @@
 """The exercise pipeline: release, the learner's check(), and the grader against hostile submissions.
 
 The hostile submissions and the score each must get are in tests/fixtures/submissions (MANIFEST.json,
-written by build_fixtures.py there). They are graded once, in the sandbox; the tests then check the
-scores, the reasons, the gradebook, and that nothing outside the sandbox changed or survived.
+written by build_fixtures.py there). They are graded once, in the sandbox, the load-sensitive ones
+(MANIFEST.json's `load_sensitive`) in a second run beside two CPU hogs; the tests then check the
+scores, the reasons, the gradebooks, and that nothing outside the sandbox changed or survived.
 """
 import csv
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,9 @@ import nbformat
 import pytest
 import torch
 
-from grading_budgets import backstop, cpu_hogs, sandbox_processes, stop, submission_budget
+from cpu_hogs import cpu_hogs, stop
+from cached_plans import MPCOURSE
+from grading_budgets import backstop, sandbox_processes, submission_budget
 from mpcourse.grading import gradebook
 from mpcourse.grading.judging import checkable, codec
 from mpcourse.grading.judging import selfcheck as check_module
@@ -37,7 +40,7 @@ def _mpcourse(*args, env=None, timeout=60.0, jobs=1):
     """`mpcourse grade ...` with `--timeout TIMEOUT --jobs JOBS`, waited for as long as the
     grader's own backstops allow."""
     paths = [a for a in args if str(a).endswith(".ipynb")]
-    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True,
+    return subprocess.run([*MPCOURSE, *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=backstop(paths, timeout, jobs))
 
 
@@ -221,6 +224,15 @@ def _digests(folder):
     return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("*")) if p.is_file()}
 
 
+def _grade_fixtures(names, submissions, solutions, gradebook, env):
+    """`mpcourse grade` of the fixtures `names`, in that order: their results by fixture name."""
+    result = _mpcourse("grade", *(str(submissions / f"{name}.ipynb") for name in names), "--solutions",
+                       str(solutions), "--timeout", "30", "--jobs", "2", "--json", "--csv", str(gradebook),
+                       env=env, timeout=30, jobs=2)
+    assert result.returncode == 0, result.stderr
+    return {Path(s["path"]).stem: s for s in json.loads(result.stdout)["submissions"]}
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grading")
@@ -231,24 +243,36 @@ def graded(tmp_path_factory):
     env = dict(os.environ, MPCOURSE_SABOTAGE_TARGET=str(solutions / "ex00_bytes.ipynb"))
     # the saboteurs go first and the partial answer last, so a successful sabotage would show
     first = ["ex00_sabotage", "ex00_ipython_startup", "ex00_detached_process"]
-    paths = [submissions / f"{name}.ipynb" for name in first] + sorted(
-        submissions / f"{name}.ipynb" for name in MANIFEST if name not in first + ["ex00_partial"]) + \
-        [submissions / "ex00_partial.ipynb"]
-    # beside two CPU hogs: the budgets are CPU time of each sandbox, so every score is MANIFEST's
-    # (what an idle machine gives), only later
+    loaded = sorted(name for name in MANIFEST if MANIFEST[name]["load_sensitive"])
+    names = first + sorted(set(MANIFEST) - set(first + loaded + ["ex00_partial"])) + ["ex00_partial"]
+    got = _grade_fixtures(names, submissions, solutions, tmp / "grades.csv", env)
+    # the load-sensitive fixtures (MANIFEST.json) then, beside two CPU hogs: the budgets are CPU time
+    # of each sandbox, so every score is MANIFEST's (what an idle machine gives), only later
     hogs = cpu_hogs(2)
     try:
-        result = _mpcourse("grade", *map(str, paths), "--solutions", str(solutions), "--timeout", "30",
-                           "--jobs", "2", "--json", "--csv", str(tmp / "grades.csv"), env=env, timeout=30, jobs=2)
+        got |= _grade_fixtures(loaded, submissions, solutions, tmp / "grades-under-load.csv", env)
     finally:
         stop(hogs)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
     # no sleep for a detached process to act: `survivors` shows none is left that could
     return SimpleNamespace(
-        submissions={Path(s["path"]).stem: s for s in report["submissions"]}, gradebook=tmp / "grades.csv",
+        submissions=got, gradebooks=[tmp / "grades.csv", tmp / "grades-under-load.csv"],
         before=before, after={"solutions": _digests(solutions), "submissions": _digests(submissions)},
         survivors=sandbox_processes(SLEEP_MARKER), solutions=solutions, tmp=tmp)
+
+
+def test_every_fixture_names_the_wall_it_attacks_and_whether_load_could_move_its_score():
+    """The fallback sandbox grades only the fixtures that attack one of its walls, and the CPU hogs
+    run beside the load-sensitive ones only: so each fixture says both, as build_fixtures.py tags
+    it, every wall has a fixture, and every fixture that runs out of time is graded under load."""
+    spec = importlib.util.spec_from_file_location("build_fixtures", FIXTURES / "build_fixtures.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert {name: (entry["wall"], entry["load_sensitive"]) for name, entry in MANIFEST.items()} == \
+        {name: (build.wall_of(name), name in build.LOAD_SENSITIVE) for name in build.FIXTURES}, \
+        "MANIFEST.json is not what build_fixtures.py writes: run it"
+    assert {entry["wall"] for entry in MANIFEST.values()} == set(build.WALLS) | {None}
+    timed_out = {name for name, entry in MANIFEST.items() if "timed out" in (entry["error"] or "")}
+    assert timed_out and all(MANIFEST[name]["load_sensitive"] for name in timed_out), timed_out
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST))
@@ -392,8 +416,8 @@ def test_metadata_naming_another_exercise_is_reported_not_trusted(graded):
 
 
 def test_gradebook_has_a_row_per_test_escapes_formulas_and_control_characters(graded):
-    text = graded.gradebook.read_text()
-    rows = list(csv.DictReader(text.splitlines()))
+    text = "".join(book.read_text() for book in graded.gradebooks)
+    rows = [row for book in graded.gradebooks for row in csv.DictReader(book.read_text().splitlines())]
     assert len(rows) == sum(len(s["tests"]) or 1 for s in graded.submissions.values())
     correct = [r for r in rows if Path(r["path"]).stem == "ex00_correct"]
     assert {r["test"] for r in correct} == {"fp32_ten_million", "fp16_ten_million", "bf16_matches_torch",
@@ -402,7 +426,7 @@ def test_gradebook_has_a_row_per_test_escapes_formulas_and_control_characters(gr
     formula = [r for r in rows if Path(r["path"]).stem == "ex00_formula_and_escapes"]
     assert formula and not any(cell.startswith(("=", "+", "@")) for r in rows for cell in r.values()), formula[0]
     assert "\x1b" not in text and "\\x1b[2J" in formula[0]["error"], formula[0]  # shown as an escape, not acted on
-    assert not list(graded.gradebook.parent.glob(".grades.csv.*")), "a temporary gradebook was left behind"
+    assert not list(graded.tmp.glob(".grades*.csv.*")), "a temporary gradebook was left behind"
 
 
 def test_an_untouched_exercise_still_scores_zero_in_a_later_run(graded):

@@ -22,6 +22,7 @@ import nbformat
 import pytest
 import torch
 
+from cached_plans import MPCOURSE
 from grading_budgets import backstop, program_backstop, sandbox_processes
 from mpcourse.grading.instructor import class_run
 from mpcourse.grading.judging import codec
@@ -293,7 +294,7 @@ def test_paths_the_grader_trusts(tmp_path):
     shutil.copy(FIXTURES / "ex00_correct.ipynb", subs / odd / "ex00_bytes.ipynb")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     paths = ["-h/ex00_bytes.ipynb", "linked/ex00_bytes.ipynb", f"{odd}/ex00_bytes.ipynb"]
-    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--timeout", "60", "--csv", "grades.csv",
+    done = subprocess.run([*MPCOURSE, "grade", "--timeout", "60", "--csv", "grades.csv",
                            "--", *paths], capture_output=True, cwd=subs, env=env, timeout=backstop(paths, 60))
     out = done.stdout.decode()
     assert done.returncode == 0, done.stderr.decode()[-2000:]
@@ -391,8 +392,10 @@ def _sandbox_files() -> list[str]:
 
 @pytest.fixture(scope="module")
 def fallback(tmp_path_factory):
-    """Every hostile fixture graded where namespaces are refused: `bwrap` on the PATH fails as it
-    does under Docker's default seccomp profile, so the grader takes its fallback sandbox."""
+    """The hostile fixtures that attack a wall of the sandbox (MANIFEST.json's `wall`) graded where
+    namespaces are refused: `bwrap` on the PATH fails as it does under Docker's default seccomp
+    profile, so the grader takes its fallback sandbox. The other fixtures attack the judging, which
+    is the grader's own code whichever sandbox runs the learner's process (tests/test_grading.py)."""
     tmp = tmp_path_factory.mktemp("fallback")
     (tmp / "bin").mkdir()
     (tmp / "bin" / "bwrap").write_text(NAMESPACES_REFUSED)
@@ -401,14 +404,15 @@ def fallback(tmp_path_factory):
     shutil.copytree(ROOT / "solutions", solutions)
     shutil.copytree(FIXTURES, submissions)
     digests = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
-    manifest = json.loads((FIXTURES / "MANIFEST.json").read_text())
+    manifest = {name: entry for name, entry in json.loads((FIXTURES / "MANIFEST.json").read_text()).items()
+                if entry["wall"]}
     paths = [str(submissions / f"{name}.ipynb") for name in manifest]
     # this run's sandbox folders in a scratch folder of its own (others may grade beside it)
     scratch = Path(tempfile.mkdtemp(prefix="mpcourse-fallback-test-"))
     scratch.chmod(0o711)
     env = dict(os.environ, PATH=f"{tmp / 'bin'}:{os.environ['PATH']}", TMPDIR=str(scratch),
                MPCOURSE_SABOTAGE_TARGET=str(solutions / "ex00_bytes.ipynb"))
-    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--solutions", str(solutions), "--timeout",
+    done = subprocess.run([*MPCOURSE, "grade", "--solutions", str(solutions), "--timeout",
                            "30", "--jobs", "2", "--json", *paths], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=backstop(paths, 30, jobs=2))
     after = {p.name: p.read_bytes() for folder in (solutions, submissions) for p in sorted(folder.glob("*"))}
@@ -424,10 +428,10 @@ def fallback(tmp_path_factory):
 
 
 @ROOT_ONLY
-def test_where_namespaces_are_refused_the_fallback_grades_every_fixture_as_bubblewrap_does(fallback):
-    """No fixture gains (each scores its honest work, MANIFEST.json), leaks (the hidden-test
-    fixtures' reasons are checked by their scores and errors) or harms (files unchanged, nothing
-    left running or written), and the grader says which sandbox it used and what it leaves open."""
+def test_where_namespaces_are_refused_the_fallback_grades_every_wall_attack_as_bubblewrap_does(fallback):
+    """No fixture that attacks a wall gains (each scores its honest work, MANIFEST.json) or harms
+    (files unchanged, nothing left running or written), and the grader says which sandbox it used
+    and what it leaves open."""
     done = fallback.done
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sandbox: an unprivileged user per submission" in done.stderr, done.stderr[-2000:]

@@ -10,6 +10,7 @@ import collections
 import copy
 import csv
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from cached_plans import MPCOURSE
 from grading_budgets import backstop, program_backstop, submission_budget
 
 from mpcourse.grading import grader, watch
@@ -34,7 +36,13 @@ pytestmark = pytest.mark.sandbox  # bubblewrap: Linux only (tests/conftest.py)
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "submissions"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
-EXERCISES = {key: load_exercise(path) for key, path in find_solutions(ROOT / "solutions").items()}
+SOLUTIONS = find_solutions(ROOT / "solutions")
+
+
+@functools.cache
+def exercises() -> dict:
+    """Every exercise as the grader loads it from its solution (when a test first asks)."""
+    return {key: load_exercise(path) for key, path in SOLUTIONS.items()}
 
 # attack -> its honest twin: the same work without the attack
 TWINS = {
@@ -76,14 +84,14 @@ def _lines(source):
     return [line.strip() for line in source.splitlines() if len(line.strip()) >= 20 and not line.strip().startswith("#")]
 
 
-@pytest.mark.parametrize("key", sorted(EXERCISES))
+@pytest.mark.parametrize("key", sorted(SOLUTIONS))
 def test_no_test_statement_or_reference_reaches_the_learners_process(key):
     """The learner's process records every source compiled from a string and every code object it
     executes; the grader records every message it sends there. Graded with the solution's own
     code, every test passes, and no line of any test, visible or hidden, is in either."""
     from mpcourse.grading.sandbox.limits import Limits
     from mpcourse.grading.sandbox.sandbox import Sandbox
-    exercise = EXERCISES[key]
+    exercise = exercises()[key]
     deadline = submission_budget(exercise, f"the solution of {key}")
     sent = []
     with Sandbox(Limits(), deadline) as worker:
@@ -221,7 +229,7 @@ def test_every_string_is_quoted_however_deeply_nested():
 
 
 def test_a_cell_keeping_a_tests_metadata_but_holding_other_code_is_the_learners():
-    exercise = EXERCISES["ex00"]
+    exercise = exercises()["ex00"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(t.visible) for t in exercise.tests[:2]])
     for cell, test in zip(nb.cells, exercise.tests):
         cell.metadata["nbgrader"] = {"grade": True, "grade_id": test.id, "points": test.points}
@@ -243,7 +251,7 @@ def test_a_cell_keeping_a_tests_metadata_but_holding_other_code_is_the_learners(
 def test_only_the_check_cell_itself_is_dropped_so_no_code_hides_in_one(source, dropped):
     """The grader drops a cell that is only the check() call, with literal arguments; a cell that
     adds code of any kind beside it, or computes an argument, is the learner's and runs."""
-    exercise = EXERCISES["ex00"]
+    exercise = exercises()["ex00"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
     assert learner_cells(nb, exercise) == ([] if dropped else [source])
 
@@ -306,7 +314,7 @@ print("stubbed")
 
 def test_every_exercise_names_targets_that_exist():
     from mpcourse.grading.judging.stubs import _functions, _resolve
-    named = {key: ex.write_yourself for key, ex in EXERCISES.items()}
+    named = {key: ex.write_yourself for key, ex in exercises().items()}
     assert named["ex00"] and named["ex01"] and named["ex05"] and named["ex08"]
     for targets in named.values():
         for target in targets:
@@ -322,14 +330,14 @@ def test_each_attack_is_expected_to_score_what_its_twin_scores(attack, twin):
 
 @pytest.mark.parametrize("name", HONEST)
 def test_honest_variants_are_expected_to_score_full_marks(name):
-    exercise = EXERCISES[name[:4]]
+    exercise = exercises()[name[:4]]
     assert MANIFEST[name]["score"] == exercise.max_score
 
 
 def _hidden_lines():
     """Every line of every solution's hidden tests long enough to mean something."""
     lines = set()
-    for exercise in EXERCISES.values():
+    for exercise in exercises().values():
         path = ROOT / "solutions" / f"{exercise.name}.ipynb"
         for cell in json.loads(path.read_text())["cells"]:
             source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
@@ -349,7 +357,7 @@ def test_no_hidden_test_line_reaches_a_gradebook_and_a_cast_is_evidence_not_a_ve
              "ex01_cast_behind_helper", "ex01_zeros"]
     for name in names:
         (tmp_path / f"{name}.ipynb").write_bytes((FIXTURES / f"{name}.ipynb").read_bytes())
-    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", *sorted(map(str, tmp_path.glob("*.ipynb"))),
+    done = subprocess.run([*MPCOURSE, "grade", *sorted(map(str, tmp_path.glob("*.ipynb"))),
                            "--jobs", "2", "--json", "--csv", str(tmp_path / "grades.csv")],
                           capture_output=True, text=True, cwd=ROOT,
                           timeout=backstop(names, grader.Options().timeout, jobs=2))

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from grading_budgets import program_backstop
 
 from mpcourse.machine import cpu_profiles, hardware
 from mpcourse.cli import main
@@ -81,7 +82,8 @@ def test_doctor_prints_the_faked_gpu(fake_cuda, capsys):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mpcourse.cli", *args], capture_output=True, text=True,
+                          timeout=program_backstop())
 
 
 def test_doctor_exits_zero_on_this_machine():

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 import torch
+from grading_budgets import program_backstop
 
 from mpcourse import hosted_session
 from mpcourse.hosted import (BOOTSTRAP_ID, KERNELSPEC, Repository, bootstrap_source, check_course,
@@ -122,7 +123,8 @@ def test_check_names_each_stale_notebook_and_stamp_fixes_all(tmp_path):
 
 def test_the_bootstrap_is_silent_where_mpcourse_is_installed():
     done = subprocess.run([sys.executable, "-c", bootstrap_source(REPO)], capture_output=True, text=True,
-                          env={"MPCOURSE_INSTALL_SOURCE": "/nonexistent.whl", "PATH": ""}, timeout=60)
+                          env={"MPCOURSE_INSTALL_SOURCE": "/nonexistent.whl", "PATH": ""},
+                          timeout=program_backstop())
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
@@ -295,7 +297,7 @@ def test_a_package_upgraded_after_this_process_loaded_it_asks_for_a_restart(monk
 
 def _run_bootstrap(cwd, env, *python_flags):
     return subprocess.run([sys.executable, *python_flags, "-c", bootstrap_source(REPO)], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=600)
+                          text=True, cwd=cwd, env=env, timeout=program_backstop())
 
 
 def test_in_a_mocked_colab_without_a_gpu_the_bootstrap_says_how_to_get_one(tmp_path):

@@ -10,6 +10,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from grading_budgets import program_backstop
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,7 @@ def test_make_lab_serves_lessons_and_exercises(tmp_path):
     lab = subprocess.Popen(["make", "-C", str(ROOT), "lab", f"PORT={port}", f"TOKEN={token}"],
                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline, status = time.monotonic() + 180, None
+        deadline, status = time.monotonic() + program_backstop(), None
         while time.monotonic() < deadline and lab.poll() is None:
             request = urllib.request.Request(f"http://127.0.0.1:{port}/api/status",
                                              headers={"Authorization": f"token {token}"})
@@ -45,14 +47,13 @@ def test_make_lab_serves_lessons_and_exercises(tmp_path):
                 listing = [item["name"] for item in json.loads(r.read())["content"]]
             assert notebook in listing, f"the lab does not serve {folder}/{notebook}: {folder}/ lists {listing}"
         url = f"http://127.0.0.1:{port}/lab/tree/notebooks/00_welcome.ipynb?token={token}"
-        for _ in range(30):  # the server prints its URL just after it starts answering
-            if url in (tmp_path / "lab.log").read_text():
-                break
+        printed = time.monotonic() + program_backstop()  # it prints its URL just after it starts answering
+        while url not in (tmp_path / "lab.log").read_text() and time.monotonic() < printed:
             time.sleep(1)
         assert url in (tmp_path / "lab.log").read_text(), "make lab must print the URL"
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
-        lab.wait(timeout=30)
+        lab.wait(timeout=program_backstop())
 
 
 def test_make_lab_refuses_an_old_python(tmp_path):
@@ -60,7 +61,7 @@ def test_make_lab_refuses_an_old_python(tmp_path):
     fake.write_text('#!/bin/sh\ncase "$*" in *sys.exit*) exit 1;; *) echo 3.9;; esac\n')
     fake.chmod(0o755)
     result = subprocess.run(["make", "-C", str(ROOT), "lab", f"PYTHON={fake}"], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=program_backstop())
     assert result.returncode != 0
     assert f"mpcourse needs Python 3.10 or newer, but PYTHON={fake} is 3.9" in result.stderr
     assert "PYTHON=python3.11" in result.stderr
@@ -68,5 +69,5 @@ def test_make_lab_refuses_an_old_python(tmp_path):
 
 def test_make_lab_names_a_missing_python():
     result = subprocess.run(["make", "-C", str(ROOT), "lab", "PYTHON=/nonexistent/python"], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=program_backstop())
     assert result.returncode != 0 and "is not found" in result.stderr

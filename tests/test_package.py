@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from grading_budgets import program_backstop
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mpcourse"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
@@ -89,7 +90,7 @@ def test_a_view_only_reads_results(path):
 def _loads_torch(code: str) -> bool:
     """Whether running `code` in a new Python loads torch (its last line of output says)."""
     done = subprocess.run([sys.executable, "-c", code + "\nprint('torch' in sys.modules)"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=program_backstop())
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1] == "True"
 

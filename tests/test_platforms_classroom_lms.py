@@ -20,8 +20,10 @@ import jsonschema
 import nbformat
 import pytest
 import yaml
-from grading_budgets import program_backstop
+from cached_plans import MPCOURSE
+from grading_budgets import backstop, program_backstop
 
+from mpcourse.grading import grader
 from mpcourse.grading import gradebook as gradebook_module
 from mpcourse.grading.judging.exercise import load_exercise
 from mpcourse.grading.platforms import classroom, lms
@@ -44,7 +46,7 @@ def github_workflow_schema() -> dict:
 def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("repo")
     done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "autograder", "github-classroom", "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT / "notebooks", timeout=300)  # not the root
+                          capture_output=True, text=True, cwd=ROOT / "notebooks", timeout=program_backstop())  # not the root
     assert done.returncode == 0, done.stderr
     flow = yaml.safe_load((out / ".github" / "workflows" / "classroom.yml").read_text())
     config = json.loads((out / ".github" / "classroom" / "autograding.json").read_text())
@@ -134,7 +136,7 @@ def _notebook_with_answer(tmp_path, answer: str) -> Path:
 
 def _step(tmp_path, notebook, test_id):
     return subprocess.run([sys.executable, "-m", "mpcourse.grading.platforms.classroom", str(notebook), test_id],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=program_backstop())
 
 
 def test_step_command_passes_a_right_answer_and_fails_a_wrong_one(tmp_path):
@@ -155,9 +157,10 @@ def _gradebook(tmp_path) -> Path:
         (tmp_path / learner).mkdir(exist_ok=True)
         (tmp_path / learner / f"{exercise}.ipynb").write_bytes((ROOT / source / f"{exercise}.ipynb").read_bytes())
     paths = sorted(str(p) for p in tmp_path.glob("*/*.ipynb"))
-    done = subprocess.run([sys.executable, "-m", "mpcourse.cli", "grade", "--csv", str(tmp_path / "gradebook.csv"),
+    done = subprocess.run([*MPCOURSE, "grade", "--csv", str(tmp_path / "gradebook.csv"),
                            "--lms", "canvas,moodle", "--lms", "blackboard", "--jobs", "2", "--", *paths],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+                          capture_output=True, text=True, cwd=ROOT,
+                          timeout=backstop(paths, grader.Options().timeout, jobs=2))
     assert done.returncode == 0, done.stderr
     return tmp_path / "gradebook.csv"
 
@@ -184,7 +187,7 @@ def test_canvas_gradebook_has_canvas_columns_and_one_row_per_learner(tmp_path):
                              f"ex05_scaler_update [Total Pts: {ex05.max_score:g} Score]"]
     again = subprocess.run([sys.executable, "-m", "mpcourse.cli", "gradebook", "export", str(gradebook), "--lms",
                             "canvas", "--assignment-id", "ex00_bytes=1234"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=300)
+                           cwd=ROOT, timeout=program_backstop())
     assert again.returncode == 0, again.stderr
     with open(tmp_path / "gradebook.canvas.csv", newline="") as f:
         exported = list(csv.reader(f))

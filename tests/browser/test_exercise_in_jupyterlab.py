@@ -12,6 +12,7 @@ from pathlib import Path
 import nbformat
 
 from lab_page import LessonPage
+from notebook_times import backstop_s
 from mpcourse.grading.judging.exercise import has_code, is_test_cell, visible
 from mpcourse.grading.judging.release import STUB
 
@@ -54,7 +55,7 @@ def test_exercise_scored_in_jupyterlab(lab, browser_context, artifacts):
     try:
         exercise.open()
         exercise.replace_code(stub, CORRECT)
-        cells = exercise.run_all(timeout_s=300)
+        cells = exercise.run_all(timeout_s=backstop_s([EXERCISE]))
         assert not [c for c in cells if c.errors], \
             "with a correct answer no cell may fail: " + "; ".join(e for c in cells for e in c.errors)
         table = score_table(exercise)

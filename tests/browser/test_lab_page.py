@@ -7,6 +7,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from lab_page import LessonPage
 from lab_server import start_lab
+from notebook_times import backstop_s
 
 
 def test_run_all_reports_errors_widgets_and_unrun_cells(browser_context, chromium_path, tmp_path):
@@ -23,7 +24,7 @@ def test_run_all_reports_errors_widgets_and_unrun_cells(browser_context, chromiu
     lesson = LessonPage(browser_context, lab, root / "planted.ipynb")
     try:
         lesson.open()
-        fine, widget, error, never = lesson.run_all(timeout_s=120)
+        fine, widget, error, never = lesson.run_all(timeout_s=backstop_s(["planted.ipynb"]))
     finally:
         lesson.close()
         lab.stop()

@@ -17,10 +17,10 @@ import nbformat
 import pytest
 
 from lab_page import LessonPage
+from notebook_times import backstop_s
 
 ROOT = Path(__file__).resolve().parents[2]
 LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-RUN_ALL_TIMEOUT_S = 600
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -155,7 +155,7 @@ def test_lesson_runs_in_jupyterlab(notebook, lab, browser_context, artifacts):
     lesson = LessonPage(browser_context, lab, ROOT / "notebooks" / notebook)
     try:
         lesson.open()
-        cells = lesson.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
+        cells = lesson.run_all(timeout_s=backstop_s([notebook]))
         stem = Path(notebook).stem
         lesson.screenshot(artifacts / f"{stem}-after-run-all.png")
         assert_no_errors(notebook, cells)

@@ -7,7 +7,9 @@ platform's folder (`content/`, `kaggle/working/` under a temporary directory), w
 hold the notebook, with JPY_SESSION_NAME unset and the platform's environment variable set. The
 first notebook's bootstrap cell must install the package, from the wheel just built (through
 MPCOURSE_INSTALL_SOURCE, where Colab installs from the repository), say so, and say how to get a
-GPU; lessons 00 and 06 and ex01's solution then run without an error. What the install added is
+GPU; lessons 00 and 06 and ex01's solution then run without an error (lesson 06 whole in Colab's
+layout only: elsewhere its one cell that depends on the platform, the bootstrap cell, as
+`test_only_the_bootstrap_and_check_depend_on_the_platform` guards). What the install added is
 the wheel with its requirements alone: every module importable, the CLI, and nothing of
 JupyterLab or the test tools. (One environment serves both layouts, as installing torch takes
 minutes: between them mpcourse is uninstalled and the preinstalled versions are put back.)
@@ -21,15 +23,19 @@ import json
 import re
 import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 
 import mpcourse
 from install import ROOT, bare_python, clean_env, run
 from mpcourse.grading.judging.checkable import SHIPPED
-from mpcourse.hosted import SOURCE_VARIABLE
+from mpcourse.hosted import BOOTSTRAP_ID, SOURCE_VARIABLE
 
 LESSONS = ["notebooks/00_welcome.ipynb", "notebooks/06_training_lab.ipynb"]
+#: Lessons run whole in one layout only; the others run their bootstrap cell alone, the one cell
+#: whose output depends on the platform (the rest computes the same in any working folder).
+ONE_LAYOUT = {"notebooks/06_training_lab.ipynb": "colab"}
 SOLVED, RELEASED = "solutions/ex01_bf16_rounding.ipynb", "exercises/ex01_bf16_rounding.ipynb"
 #: What Colab preinstalls that the course upgrades (ipywidgets 7 -> 8, ml_dtypes -> 0.7).
 PREINSTALLED = ["ipywidgets==7.7.1", "ml_dtypes==0.4.1"]
@@ -77,15 +83,25 @@ def hosted(request, python, wheel, tmp_path_factory):
     runs = {}
     for notebook in LESSONS + [SOLVED, RELEASED]:
         copy = opened / notebook.replace("/", "-")
-        shutil.copy(ROOT / notebook, copy)
+        if ONE_LAYOUT.get(notebook, request.param) == request.param:
+            shutil.copy(ROOT / notebook, copy)
+        else:
+            _bootstrap_only(ROOT / notebook, copy)
         runs[notebook] = _run(python, copy, workdir, env)
     after = _packages(python, workdir)
     return dict(layout=request.param, python=python, workdir=workdir, env=env, found_before=found,
                 before=before, after=after, runs=runs)
 
 
+def _bootstrap_only(notebook: Path, copy: Path) -> None:
+    """`notebook` with its bootstrap cell alone, written to `copy`."""
+    lesson = json.loads(notebook.read_text())
+    lesson["cells"] = [c for c in lesson["cells"] if c.get("id") == BOOTSTRAP_ID]
+    copy.write_text(json.dumps(lesson))
+
+
 def _bootstrap_lines(cells: list[dict]) -> list[str]:
-    (cell,) = [c for c in cells if c["id"] == "mpcourse-bootstrap"]
+    (cell,) = [c for c in cells if c["id"] == BOOTSTRAP_ID]
     assert cell["error"] is None, cell["error"]
     return cell["text"].strip().splitlines()
 
@@ -147,10 +163,8 @@ def test_a_session_that_loaded_the_old_widgets_is_told_to_restart(hosted, tmp_pa
     python = hosted["python"]
     run([str(python), "-m", "pip", "uninstall", "--quiet", "--yes", "mpcourse"], env=clean_env())
     run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", PREINSTALLED[0]], env=clean_env())
-    lesson = json.loads((ROOT / LESSONS[0]).read_text())
-    lesson["cells"] = [c for c in lesson["cells"] if c.get("id") == "mpcourse-bootstrap"]
     copy = tmp_path / "bootstrap-only.ipynb"
-    copy.write_text(json.dumps(lesson))
+    _bootstrap_only(ROOT / LESSONS[0], copy)
     cells = _run(python, copy, hosted["workdir"], hosted["env"], preload="import ipywidgets")
     clicks = {"colab": "Runtime -> Restart session",
               "kaggle": "Run -> Restart & clear cell outputs"}[hosted["layout"]]
@@ -180,3 +194,23 @@ def test_every_module_imports_and_the_cli_runs_from_the_installed_wheel(hosted):
     doctor = run([str(hosted["python"].parent / "mpcourse"), "doctor"], cwd=hosted["workdir"],
                  env=clean_env())
     assert "precision" in doctor.stdout and "The lab's size here" in doctor.stdout
+
+
+#: What tells the package which hosted platform runs it.
+PLATFORM_SIGNS = re.compile(r"hosted_platform|COLAB_RELEASE_TAG|KAGGLE_KERNEL_RUN_TYPE|google\.colab")
+
+
+def test_only_the_bootstrap_and_check_depend_on_the_platform():
+    """ONE_LAYOUT's lessons run only their bootstrap cell in the other layouts: that holds while the
+    platform is read by the bootstrap cell's code (mpcourse.hosted, hosted_session) and check()'s
+    messages alone, and no other cell of those lessons reaches them. A module that starts asking
+    fails here, to be judged first."""
+    asking = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "mpcourse").rglob("*.py")
+                    if PLATFORM_SIGNS.search(p.read_text()))
+    assert asking == ["mpcourse/grading/judging/checkable.py", "mpcourse/hosted.py", "mpcourse/hosted_session.py"], \
+        asking
+    for notebook in ONE_LAYOUT:
+        cells = json.loads((ROOT / notebook).read_text())["cells"]
+        reaching = [c.get("id") for c in cells if c["cell_type"] == "code" and c.get("id") != BOOTSTRAP_ID
+                    and re.search(r"hosted|check\(|grading", "".join(c["source"]))]
+        assert not reaching, f"{notebook}: cells {reaching} depend on the platform: run it whole in every layout"
