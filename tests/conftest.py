@@ -33,7 +33,7 @@ def plan_cache(tmp_path_factory):
 # `make unit` prints its 25 slowest tests (--durations=25): keep this list in step with them.
 # The two prediction files come last: they read the graded run test_exercises.py starts.
 LONGEST_FIRST = ["test_class_run.py", "test_grading.py", "test_exercises.py", "test_grading_isolation.py",
-                 "test_platforms_gradescope.py", "test_grading_verdicts.py",
+                 "test_platforms_gradescope.py", "test_grading_verdicts.py", "test_gpu_yardsticks.py",
                  "test_platforms_classroom_lms.py", "test_distributed.py", "test_hosted.py", "test_train.py",
                  "test_nbval_gate.py", "test_package.py", "test_environment.py", "test_makefile.py"]
 LAST = ["test_exercise_predictions.py", "test_ex11_prediction.py"]
