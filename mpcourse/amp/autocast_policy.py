@@ -308,6 +308,9 @@ def explain_op(op_name: str, device_type: str) -> OpExplanation:
     policy = policy_for(device_type)
     name = _strip_namespace(op_name)
     base = name.split(".")[0]
+    if not hasattr(torch.ops.aten, base):
+        raise ValueError(f"aten has no op named {base!r} (from {op_name!r}); give an aten op's name, "
+                         f"e.g. 'mm', 'aten::softmax.int' or 'layer_norm'")
     key = DISPATCH_KEYS[device_type]
     category = policy.category(name)
     if base in policy.banned:

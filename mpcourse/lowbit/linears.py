@@ -36,7 +36,7 @@ from torch import nn
 
 from mpcourse.lowbit.blockscale import (BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL,
                                          NVFP4, NVFP4_16x16, PER_TENSOR, PER_TENSOR_FP4, TILE_1x128,
-                                         BlockScaling, fake_quantize)
+                                         BlockScaling, check_operand, fake_quantize)
 from mpcourse.lowbit.swap import replace_linears, sharing_parameters
 
 #: The layer whose input `OutlierRunConfig.outlier_gain` makes an outlier feature in.
@@ -134,6 +134,10 @@ def weight_for_both_passes(weight: torch.Tensor, recipe: BlockScaling) -> tuple[
     quantized with `recipe`. Square blocks quantize once and use the same values twice; 1-D
     blocks run along in_features for the forward pass, so grad_x needs W quantized again along
     out_features, and its values differ."""
+    check_operand(weight, recipe)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D matrix (out_features x in_features), got shape "
+                         f"{tuple(weight.shape)}")
     forward = fake_quantize(weight, recipe)
     if recipe.transposes_exactly:
         return forward, forward

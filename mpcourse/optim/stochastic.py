@@ -21,7 +21,8 @@ from typing import Any, Iterable
 
 import torch
 
-from mpcourse.numbers.formats import BF16, FP16, FloatFormat, round_to
+from mpcourse.numbers.float_format import BF16, FP16, FloatFormat
+from mpcourse.numbers.rounding import round_to
 
 FORMAT_OF_DTYPE = {torch.bfloat16: BF16, torch.float16: FP16}
 
