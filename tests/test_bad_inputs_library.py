@@ -14,18 +14,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpcourse.amp import GradScaler, StaticLossScaler, clipped_step, explain_op, skipped_steps, \
-    stochastic_spread, update_scale, walk
+from mpcourse.amp import AutocastPolicy, GradScaler, StaticLossScaler, clipped_step, explain_op, \
+    skipped_steps, step_dtypes, stochastic_spread, update_scale, walk
 from mpcourse.lowbit import clipped_share, error_against_k, layout, scaled_matmul, weight_for_both_passes, \
     Accumulator
 from mpcourse.lowbit.blockscale import MXFP8_E4M3, BlockScaling, mx_scale
-from mpcourse.lowbit.fp8 import choose_backend, compute_scale, quantize
+from mpcourse.lowbit.fp8 import amax, choose_backend, compute_scale, fp8_matmul, quantize
+from mpcourse.lowbit.linears import BlockScaledLinear
+from mpcourse.lowbit.swap import replace_linears
 from mpcourse.memory.accounting import MemoryBreakdown, largest_batch, tensor_bytes, training_memory, \
     transformer_memory
 from mpcourse.memory.step_peak import held_tensors
-from mpcourse.numbers import BF16, FP8_E4M3, FloatFormat, as_format, bits, explorer_text, from_bits, \
-    round_to, short_name
-from mpcourse.optim import compensated_add, dequantize_blockwise, dynamic_code, split
+from mpcourse.numbers import BF16, FP8_E4M3, FP32, FloatFormat, as_format, bits, explorer_text, \
+    from_bits, grid, round_to, short_name
+from mpcourse.optim import StochasticRoundingOptimizer, compensated_add, dequantize_blockwise, \
+    dynamic_code, split
 from mpcourse.train.models import GPT, GPTConfig
 
 X = torch.linspace(-3, 3, 64).reshape(2, 32)
@@ -152,6 +155,20 @@ BAD_INPUTS = [
      ValueError,
      "got -1"),
     ("dynamic_code-signed-str", lambda: dynamic_code("yes"), TypeError, "got 'yes'"),
+    ("grid-fp32-range-too-wide", lambda: grid(FP32, 0.0, 1.0), ValueError, "values in [0.0, 1.0]"),
+    ("fp8_matmul-backend-unknown", lambda: fp8_matmul(None, None, "fast"), ValueError, "backend 'fast'"),
+    ("amax-list", lambda: amax([1.0]), ValueError, "got list"),
+    ("AutocastPolicy-device-tpu", lambda: AutocastPolicy("tpu", torch.float16, (), {}), ValueError,
+     "device_type 'tpu'"),
+    ("step_dtypes-grad_scaler-str", lambda: step_dtypes(torch.float16, None, "yes"), TypeError, "got 'yes'"),
+    ("BlockScaledLinear-recipe-str", lambda: BlockScaledLinear(32, 32, recipe="mxfp8"), TypeError,
+     "got 'mxfp8'"),
+    ("replace_linears-model-int", lambda: replace_linears(3, lambda linear: linear), TypeError, "got int"),
+    ("StochasticRoundingOptimizer-generator-int",
+     lambda: StochasticRoundingOptimizer([torch.nn.Parameter(torch.ones(2).bfloat16())], torch.optim.SGD,
+                                         generator=3, lr=0.1), TypeError, "got 3"),
+    ("transformer_memory-tied_embeddings-str", lambda: transformer_memory(**ARCH, tied_embeddings="no"),
+     TypeError, "got 'no'"),
 ]
 
 

@@ -231,6 +231,9 @@ class AutocastPolicy:
     _by_base_name: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.device_type not in DEVICE_TYPES:
+            raise ValueError(f"unknown device_type {self.device_type!r}; autocast has tables for "
+                             f"{', '.join(DEVICE_TYPES)}")
         by_base = {name.split(".")[0]: category for name, category in self.categories.items()}
         object.__setattr__(self, "_by_base_name", by_base)
 

@@ -243,6 +243,7 @@ def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = N
     `where` (a boolean mask like x) counts only some elements, though all are quantized: the
     SNR of the ordinary values next to an outlier, which the outlier's energy would hide.
     `amax` goes to `quantize` (delayed scaling)."""
+    check_operand(x, recipe)
     x = x.detach().float()
     error = x - fake_quantize(x, recipe, amax)
     if where is not None:

@@ -48,6 +48,8 @@ class Fp8EmulationWarning(UserWarning):
 
 def amax(x: torch.Tensor) -> torch.Tensor:
     """The largest magnitude in `x`, as a float32 scalar tensor."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        raise ValueError(f"amax needs a non-empty tensor, got {getattr(x, 'shape', type(x).__name__)}")
     return x.detach().abs().max().float()
 
 
@@ -260,11 +262,15 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, backend: str = "emulated") -> torch.T
     FP8 dtypes (exact: they are on the grid) and calls `torch._scaled_mm`, the real FP8 GEMM,
     which applies the same inverse scales to its accumulated sums.
     """
+    if backend not in ("emulated", "scaled_mm"):
+        raise ValueError(f"unknown FP8 matmul backend {backend!r}; choose 'emulated' or 'scaled_mm'")
+    for name, operand in (("a", a), ("b", b)):
+        if not isinstance(operand, Fp8Tensor):
+            raise TypeError(f"{name} must be an Fp8Tensor (Fp8Tensor.quantize(x, fmt, scale)), "
+                            f"got {type(operand).__name__}")
     inverse_scales = a.scale.reciprocal() * b.scale.reciprocal()
     if backend == "emulated":
         return (a.data @ b.data) * inverse_scales
-    if backend != "scaled_mm":
-        raise ValueError(f"unknown FP8 matmul backend {backend!r}; choose 'emulated' or 'scaled_mm'")
     if a.data.is_cuda and any(n % 16 for n in (*a.data.shape, b.data.shape[1])):
         raise ValueError(f"torch._scaled_mm on CUDA needs every dimension divisible by 16, got "
                          f"{tuple(a.data.shape)} @ {tuple(b.data.shape)}; use backend='emulated'")

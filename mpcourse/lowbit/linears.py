@@ -58,6 +58,11 @@ class LinearRecipe:
     stochastic_gradients: bool = False
     hadamard_wgrad: bool = False
 
+    def __post_init__(self) -> None:
+        for role in ("inputs", "weights", "gradients"):
+            if not isinstance(getattr(self, role), BlockScaling):
+                raise TypeError(f"LinearRecipe.{role} must be a BlockScaling, got {getattr(self, role)!r}")
+
 
 #: The recipes a run can name. "mxfp8" uses the round-up scale rule that TE and cuBLAS compute
 #: (Mishra et al. 2025 found the OCP floor rule can diverge); "mxfp8_floor" and "mxfp4_floor"
@@ -106,6 +111,11 @@ class BlockScaledLinear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"],
                  generator: torch.Generator | None = None, device=None, dtype=None):
+        if not isinstance(recipe, LinearRecipe):
+            raise TypeError(f"recipe must be a LinearRecipe, e.g. RECIPES_BY_NAME['mxfp8'] (the names: "
+                            f"{', '.join(RECIPES_BY_NAME)}), got {recipe!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = recipe
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)

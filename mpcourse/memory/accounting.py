@@ -310,6 +310,8 @@ def transformer_memory(d_model: int, n_layers: int, seq_len: int, batch: int, vo
     also counts the 16-bit weight copies autocast saves for backward. Left out: temporaries freed
     within the step (such as the logits), the input batch, and allocator overhead.
     """
+    if not isinstance(tied_embeddings, bool):
+        raise TypeError(f"tied_embeddings must be True or False, got {tied_embeddings!r}")
     check_architecture(d_model=d_model, n_layers=n_layers, seq_len=seq_len, vocab=vocab,
                        n_heads=default_heads(d_model) if n_heads is None else n_heads)
     _count(batch, "batch")

@@ -36,6 +36,10 @@ class Bits(NamedTuple):
         return f"{sign}{exponent} {mantissa}".rstrip()
 
 
+#: The most values `grid` lists: enough for any plot or table of a format's values.
+MAX_GRID = 1 << 20
+
+
 def bits(value: float, fmt: FloatFormat) -> Bits:
     """The sign, exponent and mantissa fields of `value` rounded to `fmt` (by fmt's own cast).
 
@@ -121,12 +125,24 @@ def _step(stored: float, fmt: FloatFormat, direction: int) -> float:
     return from_bits(field.sign, exponent, mantissa, fmt)
 
 
+def _position(value: float, fmt: FloatFormat) -> int:
+    """Where finite `value`, rounded to `fmt`, sits among fmt's values: its code, negative below zero."""
+    field = bits(value, fmt)
+    code = (field.exponent << fmt.mantissa_bits) + field.mantissa
+    return -code if field.sign else code
+
+
 def grid(fmt: FloatFormat, low: float, high: float) -> list[float]:
-    """Every finite value of `fmt` in [low, high], in increasing order."""
+    """Every finite value of `fmt` in [low, high], in increasing order (at most `MAX_GRID` of them:
+    a wider range, such as FP32's values in [0, 1], is refused before any is listed)."""
     fmt = as_format(fmt)
     if not low <= high:
         raise ValueError(f"grid needs low <= high, got low={low}, high={high}")
     lowest = -fmt.max if fmt.signed else (0.0 if fmt.has_zero else fmt.smallest_subnormal)
+    count = _position(min(high, fmt.max), fmt) - _position(max(low, lowest), fmt) + 1
+    if count > MAX_GRID:
+        raise ValueError(f"{fmt.name} holds about {count:,} values in [{low}, {high}], more than grid lists "
+                         f"({MAX_GRID:,}); narrow the range")
     value = _round_scalar(max(low, lowest), fmt)
     if value < low:
         value = _step(value, fmt, +1)

@@ -174,6 +174,8 @@ class StochasticRoundingOptimizer(LowPrecisionWeightOptimizer):
 
     def __init__(self, params, optimizer_cls: type, generator: torch.Generator | None = None,
                  per_tensor: bool = False, **optimizer_kwargs: Any):
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
         self.generator = generator
         super().__init__(params, optimizer_cls, per_tensor, **optimizer_kwargs)
 
