@@ -106,6 +106,8 @@ BAD_INPUTS = [
     ("GradScaler-growth_factor-inf", lambda: GradScaler(growth_factor=math.inf), ValueError, "got inf"),
     ("StaticLossScaler-scale-zero", lambda: StaticLossScaler(0), ValueError, "got 0"),
     ("update_scale-scale-nan", lambda: update_scale(math.nan, 0, False, 2.0, 0.5, 10), ValueError, "got nan"),
+    ("update_scale-scale-negative", lambda: update_scale(-1.0, 0, True, 2.0, 0.5, 10), ValueError,
+     "must be a finite number >= 0, got -1.0"),
     ("update_scale-tracker-negative", lambda: update_scale(1.0, -1, False, 2.0, 0.5, 10),
      ValueError, "got -1"),
     ("skipped_steps-scale-nan", lambda: skipped_steps([1.0, math.nan]), ValueError, "got nan"),
@@ -241,7 +243,8 @@ def refuses(call) -> None:
 def test_any_bad_scale_in_a_state_dict_is_refused(scale, scaler):
     target = scaler(8.0) if scaler is StaticLossScaler else scaler()
     refuses(lambda: target.load_state_dict(scaler_state(scale=scale)))
-    refuses(lambda: update_scale(scale, 0, False, 2.0, 0.5, 10))
+    if scale != 0 or isinstance(scale, bool):   # the rule itself reaches 0.0 by backing off
+        refuses(lambda: update_scale(scale, 0, False, 2.0, 0.5, 10))
 
 
 @settings(max_examples=60, deadline=None)
@@ -296,3 +299,13 @@ def test_walks_and_clipping_refuse_what_no_weight_or_norm_is(start, max_norm):
     refuses(lambda: walk(start, 1e-3, 3, "nearest"))
     refuses(lambda: stochastic_spread(start, 1e-3, 3))
     refuses(lambda: clipping(max_norm))
+
+
+@pytest.mark.parametrize("found_inf", [True, False])
+def test_the_rule_goes_on_from_a_scale_it_backed_off_to_zero_as_torch_does(found_inf):
+    """0.0 is refused where a scale is set, but the rule reaches it from 2**-149 and torch's
+    kernel takes it: the check must not stop a run there."""
+    scale, tracker = torch.tensor(0.0), torch.tensor(9, dtype=torch.int32)
+    torch._amp_update_scale_(scale, tracker, torch.tensor(float(found_inf)), 2.0, 0.5, 10)
+    assert update_scale(2.0**-149, 0, True, 2.0, 0.5, 10) == (0.0, 0)
+    assert update_scale(0.0, 9, found_inf, 2.0, 0.5, 10) == (scale.item(), tracker.item())

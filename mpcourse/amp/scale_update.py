@@ -34,7 +34,7 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_fact
     A scale or factor that no scaler can hold (NaN, infinite, zero, negative; a negative or
     fractional tracker) is refused by the checks below, as `GradScaler` refuses them.
     """
-    checked_scale(scale)
+    checked_scale(scale, reached=True)
     checked_growth_tracker(growth_tracker)
     checked_growth_factor(growth_factor), checked_backoff_factor(backoff_factor)
     checked_growth_interval(growth_interval)
@@ -47,14 +47,18 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_fact
     return scale, clean_iterations
 
 
-def checked_scale(value: Any, name: str = "scale") -> float:
+def checked_scale(value: Any, name: str = "scale", reached: bool = False) -> float:
     """`value` as a loss scale: a real number, finite and positive (a NaN, infinite, zero or
-    negative scale would make every gradient NaN, inf or zero, and training stop silently)."""
+    negative scale would make every gradient NaN, inf or zero, and training stop silently).
+
+    `reached=True` also takes 0.0, which the rule itself reaches when backing off takes the
+    scale below FP32's smallest subnormal: a scale the update may be handed, never one to set.
+    """
+    allowed = "a finite number >= 0" if reached else "a positive finite number"
     if not _is_number(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r} "
-                         f"of type {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
+        raise ValueError(f"{name} must be {allowed}, got {value!r} of type {type(value).__name__}")
+    if not (math.isfinite(value) and (value > 0 or reached and value == 0)):
+        raise ValueError(f"{name} must be {allowed}, got {value}")
     return float(value)
 
 

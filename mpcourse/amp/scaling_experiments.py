@@ -35,7 +35,7 @@ def skipped_steps(scales: list[float], initial_scale: float = 2.0**16) -> list[i
     these are the skipped steps. `initial_scale` is the scale before the first of them.
     """
     for scale in [initial_scale, *scales]:
-        checked_scale(scale, "each scale")
+        checked_scale(scale, "each scale", reached=True)
     return [i for i, s in enumerate(scales) if s < ([initial_scale] + scales)[i]]
 
 
