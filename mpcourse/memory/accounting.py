@@ -59,8 +59,8 @@ def check_architecture(**sizes: int) -> None:
     evenly into n_heads heads. `mpcourse.train.models.GPTConfig` and `transformer_memory` both
     call it, so the estimate only ever describes a model that exists."""
     for name, value in sizes.items():
-        if _count(value, name) < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if sizes["d_model"] % sizes["n_heads"]:
         raise ValueError(f"d_model={sizes['d_model']} must be divisible by n_heads={sizes['n_heads']}: "
                          f"each head takes d_model / n_heads of the model's dimensions")
