@@ -105,7 +105,7 @@ BAD_INPUTS = [
      "new_scale must be a positive finite number, got nan"),
     ("GradScaler-growth_factor-inf", lambda: GradScaler(growth_factor=math.inf), ValueError, "got inf"),
     ("StaticLossScaler-scale-zero", lambda: StaticLossScaler(0), ValueError,
-     "scale must be a positive finite number, got 0"),
+     "init_scale must be a positive finite number, got 0"),
     ("update_scale-scale-nan", lambda: update_scale(math.nan, 0, False, 2.0, 0.5, 10), ValueError, "got nan"),
     ("update_scale-scale-negative", lambda: update_scale(-1.0, 0, True, 2.0, 0.5, 10), ValueError,
      "must be a finite number >= 0, got -1.0"),

@@ -297,7 +297,7 @@ class StaticLossScaler(GradScaler):
     """
 
     def __init__(self, scale: float):
-        super().__init__(init_scale=checked_scale(scale))
+        super().__init__(init_scale=scale)
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """End the iteration; the scale stays as it is."""
