@@ -231,6 +231,9 @@ class AutocastPolicy:
     _by_base_name: dict[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.device_type not in DEVICE_TYPES:
+            raise ValueError(f"unknown device_type {self.device_type!r}; autocast has tables for "
+                             f"{', '.join(DEVICE_TYPES)}")
         by_base = {name.split(".")[0]: category for name, category in self.categories.items()}
         object.__setattr__(self, "_by_base_name", by_base)
 
@@ -308,6 +311,9 @@ def explain_op(op_name: str, device_type: str) -> OpExplanation:
     policy = policy_for(device_type)
     name = _strip_namespace(op_name)
     base = name.split(".")[0]
+    if not hasattr(torch.ops.aten, base):
+        raise ValueError(f"aten has no op named {base!r} (from {op_name!r}); give an aten op's name, "
+                         f"e.g. 'mm', 'aten::softmax.int' or 'layer_norm'")
     key = DISPATCH_KEYS[device_type]
     category = policy.category(name)
     if base in policy.banned:

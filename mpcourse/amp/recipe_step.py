@@ -35,6 +35,8 @@ class Recipe:
         if self.autocast_dtype not in AUTOCAST_CHOICES:
             raise ValueError(f"autocast_dtype must be one of {AUTOCAST_CHOICES}, "
                              f"got {self.autocast_dtype!r}")
+        if not isinstance(self.grad_scaler, bool):
+            raise TypeError(f"grad_scaler must be True or False, got {self.grad_scaler!r}")
 
 
 @dataclass(frozen=True)

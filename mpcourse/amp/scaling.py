@@ -11,54 +11,19 @@ is the older, simpler scheme with a scale that never changes.
 """
 from __future__ import annotations
 
-import enum
 import inspect
-import math
-import numbers
 import warnings
-from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 
+from mpcourse.amp.optimizer_grads import OptimizerState, Stage, any_non_finite, grads_of
+from mpcourse.amp.scale_update import (checked_backoff_factor, checked_growth_factor,
+                                       checked_growth_interval, checked_growth_tracker,
+                                       checked_new_scale, checked_scale, required_keys, to_fp32,
+                                       update_scale)
 
-class Stage(enum.Enum):
-    """Where one optimizer is in this iteration, as torch's `OptState`: after STEPPED only update()."""
-    READY, UNSCALED, STEPPED = "ready", "unscaled", "stepped"
-
-
-@dataclass
-class OptimizerState:
-    """One optimizer this iteration: its stage, and whether a gradient held inf or NaN."""
-    stage: Stage = Stage.READY
-    found_inf: bool | None = None  # None until checked, and for an optimizer with no gradient
-
-
-def to_fp32(x: float) -> float:
-    """`x` rounded to the nearest FP32 value (ties to even), as a Python float."""
-    return torch.tensor(x, dtype=torch.float64).float().item()
-
-
-def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float,
-                 backoff_factor: float, growth_interval: int) -> tuple[float, int]:
-    """The dynamic scaling rule: the new (scale, growth_tracker) after one iteration.
-
-    This is `torch._amp_update_scale_` in Python. The scale is an FP32 number; each product is
-    computed in double precision and rounded once to FP32, as torch's kernels do.
-
-    - An overflow (inf or NaN in any gradient) multiplies the scale by `backoff_factor` and
-      restarts the count of clean iterations.
-    - A clean iteration adds one to the count; the `growth_interval`-th clean iteration in a row
-      multiplies the scale by `growth_factor` and restarts the count. A growth that would make the
-      scale infinite is not taken (the count still restarts).
-    """
-    if found_inf:
-        return to_fp32(scale * backoff_factor), 0
-    clean_iterations = growth_tracker + 1
-    if clean_iterations == growth_interval:
-        grown = to_fp32(scale * growth_factor)
-        return (grown if math.isfinite(grown) else scale), 0
-    return scale, clean_iterations
+__all__ = ["GradScaler", "StaticLossScaler", "update_scale", "to_fp32"]
 
 
 class GradScaler:
@@ -110,14 +75,12 @@ class GradScaler:
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
-        if not isinstance(init_scale, numbers.Real):
+        if isinstance(init_scale, str):
             raise ValueError(f"init_scale must be a positive number, got {init_scale!r} "
                              "(mpcourse's GradScaler takes no device argument: the scale "
                              "follows the loss)")
-        if not (init_scale > 0 and math.isfinite(init_scale)):
-            raise ValueError(f"init_scale must be a positive finite number, got {init_scale}")
         self._enabled = enabled
-        self._init_scale = float(init_scale)
+        self._init_scale = checked_scale(init_scale, "init_scale")
         self._scale: float | None = None  # set by the first scale(), rounded to FP32
         self._growth_tracker = 0
         self.set_growth_factor(growth_factor)
@@ -156,11 +119,11 @@ class GradScaler:
                                "last update().")
         if state.stage is Stage.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        grads = _grads_of(optimizer)
+        grads = grads_of(optimizer)
         if any(g.dtype == torch.float16 for g in grads):
             raise ValueError("Attempting to unscale FP16 gradients.")
         inv_scale = torch.tensor(self._scale, dtype=torch.float64).reciprocal().float()
-        state.found_inf = _any_non_finite(grads)
+        state.found_inf = any_non_finite(grads)
         with torch.no_grad():
             for grad in grads:
                 grad.mul_(inv_scale.to(grad.device))
@@ -205,10 +168,10 @@ class GradScaler:
             result = optimizer.step(*args, **kwargs, grad_scaler=self)
             state.stage = Stage.STEPPED
             return result
-        grads = _grads_of(optimizer)
+        grads = grads_of(optimizer)
         device = grads[0].device if grads else torch.device("cpu")
         if state.stage is Stage.READY:
-            state.found_inf = _any_non_finite(grads)
+            state.found_inf = any_non_finite(grads)
         scale = torch.tensor(self._scale, dtype=torch.float32, device=device)
         optimizer.grad_scale = getattr(optimizer, "grad_scale", None) \
             if state.stage is Stage.UNSCALED else scale * getattr(optimizer, "grad_scale", 1)
@@ -230,7 +193,7 @@ class GradScaler:
             return
         self._require_scale("update")
         if new_scale is not None:
-            self._scale = _checked_new_scale(new_scale)
+            self._scale = checked_new_scale(new_scale)
         else:
             checks = [state.found_inf for state in self._per_optimizer.values()
                       if state.found_inf is not None]
@@ -262,26 +225,19 @@ class GradScaler:
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        if not new_factor > 1.0:
-            raise ValueError(f"growth_factor must be > 1.0, got {new_factor}")
-        self._growth_factor = float(new_factor)
+        self._growth_factor = checked_growth_factor(new_factor)
 
     def get_backoff_factor(self) -> float:
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        if not 0.0 < new_factor < 1.0:
-            raise ValueError(f"backoff_factor must be in (0, 1), got {new_factor}")
-        self._backoff_factor = float(new_factor)
+        self._backoff_factor = checked_backoff_factor(new_factor)
 
     def get_growth_interval(self) -> int:
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        if isinstance(new_interval, bool) or not isinstance(new_interval, numbers.Integral) \
-                or new_interval < 1:
-            raise ValueError(f"growth_interval must be an integer >= 1, got {new_interval!r}")
-        self._growth_interval = int(new_interval)
+        self._growth_interval = checked_growth_interval(new_interval)
 
     def is_enabled(self) -> bool:
         return self._enabled
@@ -300,18 +256,27 @@ class GradScaler:
         """Restore what `state_dict` returned (ours or torch's); a no-op if disabled."""
         if not self._enabled:
             return
-        if len(state_dict) == 0:
+        if isinstance(state_dict, dict) and len(state_dict) == 0:
             raise RuntimeError("The source state dict is empty, possibly because it was saved "
                                "from a disabled instance of GradScaler.")
-        self._init_scale = float(state_dict["scale"])
-        if self._scale is not None:
-            self._scale = to_fp32(self._init_scale)
-        self.set_growth_factor(state_dict["growth_factor"])
-        self.set_backoff_factor(state_dict["backoff_factor"])
-        self.set_growth_interval(state_dict["growth_interval"])
-        self._growth_tracker = int(state_dict["_growth_tracker"])
+        required_keys(state_dict, ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                                   "_growth_tracker"), type(self).__name__)
+        # Every value is checked before any is set, so a bad state dict leaves the scaler as it was.
+        scale = checked_scale(state_dict["scale"])
+        growth = checked_growth_factor(state_dict["growth_factor"])
+        backoff = checked_backoff_factor(state_dict["backoff_factor"])
+        interval = checked_growth_interval(state_dict["growth_interval"])
+        self._growth_tracker = checked_growth_tracker(state_dict["_growth_tracker"])
+        self._set_scale(scale)
+        self._growth_factor, self._backoff_factor, self._growth_interval = growth, backoff, interval
 
     # Bookkeeping.
+
+    def _set_scale(self, scale: float) -> None:
+        """Restore a checked scale: the next `scale()` starts from it (rounded to FP32 if one ran)."""
+        self._init_scale = scale
+        if self._scale is not None:
+            self._scale = to_fp32(scale)
 
     def _state(self, optimizer) -> OptimizerState:
         return self._per_optimizer.setdefault(id(optimizer), OptimizerState())
@@ -346,55 +311,6 @@ class StaticLossScaler(GradScaler):
         return {"scale": self.get_scale()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._init_scale = float(state_dict["scale"])
-        if self._scale is not None:
-            self._scale = to_fp32(self._init_scale)
-
-
-def _grads_of(optimizer) -> list[torch.Tensor]:
-    """The gradients the optimizer will use (the stored values of a sparse gradient)."""
-    grads = []
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            if param.grad is not None:
-                grads.append(param.grad._values() if param.grad.is_sparse else param.grad)
-    return grads
-
-
-def _any_non_finite(grads: list[torch.Tensor]) -> bool | None:
-    """Whether any gradient holds an inf or a NaN; None when there is no gradient to check."""
-    if not grads:
-        return None
-    return any(not bool(torch.isfinite(grad).all()) for grad in grads)
-
-
-def _checked_new_scale(new_scale: Any) -> float:
-    """`new_scale` as the FP32 scale, raising what torch raises for what torch refuses.
-
-    torch takes a Python float or a 0-d tensor without grad. Other values fail inside torch with
-    AttributeError (an int, a str), AssertionError (a tensor of several elements or requiring
-    grad) or RuntimeError (a tensor of shape (1,), a float beyond FP32's range); the same types
-    are raised here, with messages that say what was wrong.
-    """
-    allowed = "a float or a 0-d tensor with requires_grad=False"
-    if isinstance(new_scale, torch.Tensor):
-        if new_scale.numel() != 1 or new_scale.requires_grad:
-            raise AssertionError(f"new_scale must be {allowed}, got a tensor of shape "
-                                 f"{tuple(new_scale.shape)} with requires_grad="
-                                 f"{new_scale.requires_grad}")
-        if new_scale.dim() != 0:
-            raise RuntimeError(f"new_scale must be {allowed}, got a one-element tensor of shape "
-                               f"{tuple(new_scale.shape)}: pass new_scale.reshape(())")
-        value = new_scale.item()
-    elif isinstance(new_scale, float):
-        value = new_scale
-    else:
-        raise AttributeError(f"new_scale must be {allowed}, got {new_scale!r} of type "
-                             f"{type(new_scale).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"new_scale must be a positive finite number, got {value}")
-    scale = to_fp32(value)
-    if math.isinf(scale):
-        raise RuntimeError(f"new_scale={value} is beyond the largest FP32 number, "
-                           f"{torch.finfo(torch.float32).max:.6g}")
-    return scale
+        """Restore the scale that `state_dict` returned (a finite positive number)."""
+        required_keys(state_dict, ("scale",), type(self).__name__)
+        self._set_scale(checked_scale(state_dict["scale"]))

@@ -17,12 +17,14 @@ work as well for 16-bit parameters with FP32 masters (pass the masters as `param
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
+from mpcourse.amp.scale_update import checked_scale
 from mpcourse.amp.scaling import GradScaler
 
 
@@ -32,6 +34,8 @@ def skipped_steps(scales: list[float], initial_scale: float = 2.0**16) -> list[i
     A dynamic scaler lowers its scale exactly when it skipped the step for an inf or NaN, so
     these are the skipped steps. `initial_scale` is the scale before the first of them.
     """
+    for scale in [initial_scale, *scales]:
+        checked_scale(scale, "each scale", reached=True)
     return [i for i, s in enumerate(scales) if s < ([initial_scale] + scales)[i]]
 
 
@@ -82,6 +86,8 @@ def clipped_step(loss: torch.Tensor, optimizer: Any, params: Iterable[torch.Tens
     gradients, and `scaler.step` unscales them afterwards; `scaler=None` is the unscaled
     reference.
     """
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < math.inf:
+        raise ValueError(f"max_norm must be a positive finite number, got {max_norm!r}")
     params = list(params)
     if scaler is None:
         loss.backward()

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.numbers.formats import BF16, FloatFormat, round_to
+from mpcourse.numbers.float_format import BF16, FloatFormat, as_format
+from mpcourse.numbers.rounding import round_to
 from mpcourse.optim.kahan import compensated_add
 
 CURES = ("nearest", "master", "kahan", "stochastic")
@@ -31,10 +32,21 @@ def walk(start: float, update: float, steps: int, cure: str, n: int = 1,
     `update` to BF16 weights that start at `start`, kept by `cure`."""
     if cure not in CURES:
         raise ValueError(f"unknown cure {cure!r}; choose one of {', '.join(CURES)}")
-    if steps < 1 or n < 1 or record_every < 1:
-        raise ValueError(f"steps, n and record_every must be at least 1, got {steps}, {n}, "
-                         f"{record_every}")
+    _check_walk(start, update, steps)
+    for name, count in (("n", n), ("record_every", record_every)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"{name} must be an integer of at least 1, got {count!r}")
     return _walks(start, update, steps, cure, n, generator, record_every)[0]
+
+
+def _check_walk(start: float, update: float, steps: int) -> None:
+    """Refuse a walk that cannot be taken: a start or update that is no finite number, or a
+    number of steps that is no positive integer."""
+    for name, value in (("start", start), ("update", update)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer of at least 1, got {steps!r}")
 
 
 def _walks(start: float, update: float, steps: int, cure: str, n: int,
@@ -77,6 +89,7 @@ class MasterWalk:
 
 def master_walk(start: float, update: float, steps: int) -> MasterWalk:
     """A BF16 weight under `steps` small updates, kept as an FP32 master and kept alone."""
+    _check_walk(start, update, steps)
     alone = walk(start, update, steps, "nearest")[:, 0]
     working, master = _walks(start, update, steps, "master", 1, None, 1)
     return MasterWalk(start, update, steps, master=master[:, 0], working=working[:, 0],
@@ -90,6 +103,10 @@ def stochastic_spread(start: float, update: float, steps: int, fmt: FloatFormat 
     whole gap with probability p = update / g, independently: the sum of `steps` such moves has
     variance steps * p * (1 - p) * g**2.
     """
+    _check_walk(start, update, steps)
+    fmt = as_format(fmt)
+    if start == 0:
+        raise ValueError(f"start must be nonzero, got {start!r}: the gap around 0 is no binade's")
     gap = 2.0 ** (math.floor(math.log2(abs(start))) - fmt.mantissa_bits)
     p = abs(update) / gap
     if not 0 <= p <= 1:

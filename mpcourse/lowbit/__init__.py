@@ -9,27 +9,18 @@
 - `linears`: `BlockScaledLinear`, all three matmuls of a linear layer block-scaled;
 - `swap`: putting such linears into a model in place of `nn.Linear`.
 
-The runs that train with them are `mpcourse.train.variants`. `quantize` and `fake_quantize`
-exist in both `fp8` and `blockscale`: take them from the module (`mpcourse.lowbit.fp8.quantize`).
+This front door hands on the names that lessons 07 and 10 and exercise 10 take from it, each with
+one meaning. Everything else comes from its module, by its full path:
+`from mpcourse.lowbit.fp8 import quantize` (FP8 with one scale) is not
+`from mpcourse.lowbit.blockscale import quantize` (a scale per block). The runs that train with
+them are `mpcourse.train.variants`.
 """
-from mpcourse.lowbit.fp8 import (BACKENDS, FP8_MIN_CAPABILITY, CurrentScaling, DelayedScaling,
-                                 Fp8EmulationWarning, Fp8Linear, amax, choose_backend, compute_scale,
-                                 convert_to_fp8, dequantize, fp8_matmul)
-from mpcourse.lowbit.blockscale import (AMAX_FLOOR, MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL,
-                                        MXFP8_E5M2, NVFP4, PER_ROW, PER_TENSOR, PER_TENSOR_FP4, BlockScaling,
-                                        NVFP4_16x16, mx_scale, nvfp4_tensor_scale, snr_db)
+from mpcourse.lowbit.fp8 import choose_backend
 from mpcourse.lowbit.matmul import Accumulator, scaled_matmul
 from mpcourse.lowbit.torch_mm import layout, runs_on, torch_scaled_mm
 from mpcourse.lowbit.accumulation import error_against_k
 from mpcourse.lowbit.saturation import clipped_share
-from mpcourse.lowbit.linears import (RECIPES_BY_NAME, BlockScaledLinear, LinearRecipe, add_outlier_feature,
-                                     convert_to_block_scaled, weight_for_both_passes)
-from mpcourse.lowbit.swap import replace_linears, sharing_parameters
+from mpcourse.lowbit.linears import RECIPES_BY_NAME, weight_for_both_passes
 
-__all__ = ["BACKENDS", "FP8_MIN_CAPABILITY", "CurrentScaling", "DelayedScaling", "Fp8EmulationWarning",
-    "Fp8Linear", "amax", "choose_backend", "compute_scale", "convert_to_fp8", "dequantize", "fp8_matmul",
-    "AMAX_FLOOR", "BlockScaling", "MXFP4", "MXFP4_RCEIL", "MXFP8_E4M3", "MXFP8_E4M3_RCEIL", "MXFP8_E5M2",
-    "NVFP4", "NVFP4_16x16", "PER_ROW", "PER_TENSOR", "PER_TENSOR_FP4", "mx_scale", "nvfp4_tensor_scale",
-    "snr_db", "Accumulator", "scaled_matmul", "layout", "runs_on", "torch_scaled_mm", "error_against_k",
-    "clipped_share", "RECIPES_BY_NAME", "BlockScaledLinear", "LinearRecipe", "add_outlier_feature",
-    "convert_to_block_scaled", "weight_for_both_passes", "replace_linears", "sharing_parameters"]
+__all__ = ["choose_backend", "Accumulator", "scaled_matmul", "layout", "runs_on", "torch_scaled_mm",
+           "error_against_k", "clipped_share", "RECIPES_BY_NAME", "weight_for_both_passes"]

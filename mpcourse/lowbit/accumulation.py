@@ -23,6 +23,10 @@ def error_against_k(a: torch.Tensor, b: torch.Tensor, accumulator: Accumulator,
     """For the element products of a (M x K) and b (N x K) (exact values, e.g. FP8 elements),
     the largest error of `accumulator`'s sum of the first k products, relative to the largest
     exact |sum|, for each k in `ks` (each a multiple of promote_every, if it is set)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 2):
+        raise ValueError(f"a and b must be 2-D tensors (M x K and N x K), got {_shape(a)} and {_shape(b)}")
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"ks must be a non-empty list of positive integers, got {ks!r}")
     if a.shape[1] != b.shape[1] or max(ks) > a.shape[1]:
         raise ValueError(f"a is {tuple(a.shape)}, b is {tuple(b.shape)}: they need the same K, "
                          f"at least max(ks) = {max(ks)}")
@@ -43,3 +47,7 @@ def error_against_k(a: torch.Tensor, b: torch.Tensor, accumulator: Accumulator,
             got = promoted + narrow.double()
             errors[k] = ((got - exact).abs().max() / exact.abs().max()).item()
     return errors
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.numbers.formats import (FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP8_E8M0, FP32,
-                                       FloatFormat, round_to)
+from mpcourse.numbers.float_format import (FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, FP8_E8M0, FP32,
+                                           FloatFormat, as_format)
+from mpcourse.numbers.rounding import round_to
 
 #: How a block's scale is made from its amax: "amax" (amax / element.max, in FP32 or E4M3),
 #: "mx_floor" (the OCP MX v1.0 rule) and "mx_rceil" (E8M0 rounded up; torchao's RCEIL).
@@ -65,6 +66,10 @@ class BlockScaling:
     tensor_scale: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "element", as_format(self.element, "element"))
+        object.__setattr__(self, "scale_format", as_format(self.scale_format, "scale_format"))
+        if not isinstance(self.block, tuple):
+            raise TypeError(f"{self.name}: block must be a tuple (rows, columns), got {self.block!r}")
         if self.rule not in SCALE_RULES:
             raise ValueError(f"{self.name}: unknown rule {self.rule!r}; expected one of {SCALE_RULES}")
         if self.scale_format not in (FP32, FP8_E8M0, FP8_E4M3):
@@ -149,6 +154,9 @@ def mx_scale(amax: torch.Tensor, element: FloatFormat, rule: str = "mx_floor") -
     """
     if rule not in MX_RULES:
         raise ValueError(f"unknown MX scale rule {rule!r}; expected one of {MX_RULES}")
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be a tensor of block amaxes, got {type(amax).__name__}")
+    element = as_format(element, "element")
     if rule == "mx_floor":
         _, exponent = torch.frexp(amax.float())          # amax = m * 2**exponent, m in [0.5, 1)
         power, positive = exponent - 1 - element.max_exponent, amax > 0
@@ -200,6 +208,7 @@ def quantize(x: torch.Tensor, recipe: BlockScaling, amax: torch.Tensor | None = 
     (values past the element format's largest become it), as training kernels do, rounded
     with `rounding` ("stochastic", drawing from `generator`, is NVFP4's rule for gradients).
     """
+    check_operand(x, recipe)
     x2 = _as_matrix(x)
     amax = block_amax(x2, recipe) if amax is None else torch.as_tensor(amax, dtype=torch.float32)
     tensor_scale = torch.ones((), dtype=torch.float32)
@@ -234,6 +243,7 @@ def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = N
     `where` (a boolean mask like x) counts only some elements, though all are quantized: the
     SNR of the ordinary values next to an outlier, which the outlier's energy would hide.
     `amax` goes to `quantize` (delayed scaling)."""
+    check_operand(x, recipe)
     x = x.detach().float()
     error = x - fake_quantize(x, recipe, amax)
     if where is not None:
@@ -242,10 +252,24 @@ def snr_db(x: torch.Tensor, recipe: BlockScaling, where: torch.Tensor | None = N
     return 10 * math.log10(x.double().pow(2).sum().item() / max(noise, 1e-300))
 
 
-def _as_matrix(x: torch.Tensor) -> torch.Tensor:
+def check_operand(x: torch.Tensor, recipe: BlockScaling) -> None:
+    """Refuse what no recipe quantizes: `x` not a floating-point tensor of at least one
+    dimension (ValueError), or `recipe` not a `BlockScaling` (TypeError)."""
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() < 1:
         raise ValueError(f"quantize needs a floating-point tensor with at least one dimension, "
-                         f"got {x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+                        f"got {x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not isinstance(recipe, BlockScaling):
+        raise TypeError(f"recipe must be a BlockScaling such as blockscale.MXFP8_E4M3, got {recipe!r}")
+
+
+def check_quantized(q: Quantized, name: str) -> None:
+    """Refuse an operand that is not a `Quantized` matrix (the result of `quantize`)."""
+    if not isinstance(q, Quantized):
+        raise TypeError(f"{name} must be a Quantized matrix (blockscale.quantize(x, recipe)), "
+                        f"got {type(q).__name__}")
+
+
+def _as_matrix(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 

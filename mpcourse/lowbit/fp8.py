@@ -32,7 +32,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from mpcourse.numbers.formats import FP8_E4M3, FP8_E5M2, FloatFormat, round_to
+from mpcourse.numbers.float_format import FP8_E4M3, FP8_E5M2, FloatFormat, as_format
+from mpcourse.numbers.rounding import round_to
 from mpcourse.lowbit.swap import replace_linears, sharing_parameters
 
 FP8_FORMATS = (FP8_E4M3, FP8_E5M2)
@@ -47,6 +48,8 @@ class Fp8EmulationWarning(UserWarning):
 
 def amax(x: torch.Tensor) -> torch.Tensor:
     """The largest magnitude in `x`, as a float32 scalar tensor."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        raise ValueError(f"amax needs a non-empty tensor, got {getattr(x, 'shape', type(x).__name__)}")
     return x.detach().abs().max().float()
 
 
@@ -58,8 +61,8 @@ def compute_scale(amax: torch.Tensor | float, fmt: FloatFormat, margin: int = 0,
     so the `previous` scale is kept, as Transformer Engine does. `margin` leaves headroom
     (in powers of two) for values that grow before the scale catches up.
     """
-    _check_format(fmt)
-    if not isinstance(margin, int) or margin < 0:
+    fmt = _fp8_format(fmt)
+    if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
         raise ValueError(f"margin must be a non-negative integer (powers of two of headroom), got {margin!r}")
     amax = torch.as_tensor(amax, dtype=torch.float32)
     previous = torch.as_tensor(previous, dtype=torch.float32)
@@ -77,7 +80,7 @@ def quantize(x: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | float,
     training kernels do (CUDA's `__NV_SATFINITE`): one gradient that outgrew a delayed scale
     then costs a clipped value instead of an inf that wrecks the step.
     """
-    _check_format(fmt)
+    fmt = _fp8_format(fmt)
     scaled = x.float() * scale
     if saturate:
         scaled = scaled.clamp(-fmt.max, fmt.max)
@@ -100,7 +103,7 @@ class CurrentScaling:
     """Per-tensor scaling from the tensor itself: compute its amax, then its scale, then cast."""
 
     def __init__(self, fmt: FloatFormat, margin: int = 0):
-        _check_format(fmt)
+        fmt = _fp8_format(fmt)
         compute_scale(1.0, fmt, margin)  # validates the margin
         self.fmt, self.margin = fmt, margin
         self.scale = torch.tensor(1.0)
@@ -124,8 +127,8 @@ class DelayedScaling:
     """
 
     def __init__(self, fmt: FloatFormat, history_len: int = 16, margin: int = 0):
-        _check_format(fmt)
-        if not isinstance(history_len, int) or history_len < 1:
+        fmt = _fp8_format(fmt)
+        if isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 1:
             raise ValueError(f"history_len must be a positive integer, got {history_len!r}")
         compute_scale(1.0, fmt, margin)  # validates the margin
         self.fmt, self.margin = fmt, margin
@@ -160,6 +163,8 @@ def choose_backend(requested: str, device_type: str,
     """
     if requested not in BACKENDS:
         raise ValueError(f"unknown FP8 backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+    if not isinstance(device_type, str):
+        raise TypeError(f"device_type must be a device's type such as 'cpu' or 'cuda', got {device_type!r}")
     if device_type == "cuda":
         if capability is None:
             capability = tuple(torch.cuda.get_device_capability())
@@ -257,11 +262,15 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, backend: str = "emulated") -> torch.T
     FP8 dtypes (exact: they are on the grid) and calls `torch._scaled_mm`, the real FP8 GEMM,
     which applies the same inverse scales to its accumulated sums.
     """
+    if backend not in ("emulated", "scaled_mm"):
+        raise ValueError(f"unknown FP8 matmul backend {backend!r}; choose 'emulated' or 'scaled_mm'")
+    for name, operand in (("a", a), ("b", b)):
+        if not isinstance(operand, Fp8Tensor):
+            raise TypeError(f"{name} must be an Fp8Tensor (Fp8Tensor.quantize(x, fmt, scale)), "
+                            f"got {type(operand).__name__}")
     inverse_scales = a.scale.reciprocal() * b.scale.reciprocal()
     if backend == "emulated":
         return (a.data @ b.data) * inverse_scales
-    if backend != "scaled_mm":
-        raise ValueError(f"unknown FP8 matmul backend {backend!r}; choose 'emulated' or 'scaled_mm'")
     if a.data.is_cuda and any(n % 16 for n in (*a.data.shape, b.data.shape[1])):
         raise ValueError(f"torch._scaled_mm on CUDA needs every dimension divisible by 16, got "
                          f"{tuple(a.data.shape)} @ {tuple(b.data.shape)}; use backend='emulated'")
@@ -271,9 +280,12 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, backend: str = "emulated") -> torch.T
                             out_dtype=torch.float32)
 
 
-def _check_format(fmt: FloatFormat) -> None:
+def _fp8_format(fmt: FloatFormat | torch.dtype | str) -> FloatFormat:
+    """`fmt` (a format, dtype or name: see `as_format`) if it is one of the two FP8 formats."""
+    fmt = as_format(fmt)
     if fmt not in FP8_FORMATS:
-        raise ValueError(f"FP8 scaling works with {FP8_E4M3.name} or {FP8_E5M2.name}, got {fmt!r}")
+        raise ValueError(f"FP8 scaling works with {FP8_E4M3.name} or {FP8_E5M2.name}, got {fmt.name}")
+    return fmt
 
 
 def convert_to_fp8(model: nn.Module, *, skip: tuple[str, ...] = (), **kwargs) -> list[str]:

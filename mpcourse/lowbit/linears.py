@@ -36,7 +36,7 @@ from torch import nn
 
 from mpcourse.lowbit.blockscale import (BLOCK_128x128, MXFP4, MXFP4_RCEIL, MXFP8_E4M3, MXFP8_E4M3_RCEIL,
                                          NVFP4, NVFP4_16x16, PER_TENSOR, PER_TENSOR_FP4, TILE_1x128,
-                                         BlockScaling, fake_quantize)
+                                         BlockScaling, check_operand, fake_quantize)
 from mpcourse.lowbit.swap import replace_linears, sharing_parameters
 
 #: The layer whose input `OutlierRunConfig.outlier_gain` makes an outlier feature in.
@@ -57,6 +57,11 @@ class LinearRecipe:
     gradients: BlockScaling
     stochastic_gradients: bool = False
     hadamard_wgrad: bool = False
+
+    def __post_init__(self) -> None:
+        for role in ("inputs", "weights", "gradients"):
+            if not isinstance(getattr(self, role), BlockScaling):
+                raise TypeError(f"LinearRecipe.{role} must be a BlockScaling, got {getattr(self, role)!r}")
 
 
 #: The recipes a run can name. "mxfp8" uses the round-up scale rule that TE and cuBLAS compute
@@ -106,6 +111,11 @@ class BlockScaledLinear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  recipe: LinearRecipe = RECIPES_BY_NAME["mxfp8"],
                  generator: torch.Generator | None = None, device=None, dtype=None):
+        if not isinstance(recipe, LinearRecipe):
+            raise TypeError(f"recipe must be a LinearRecipe, e.g. RECIPES_BY_NAME['mxfp8'] (the names: "
+                            f"{', '.join(RECIPES_BY_NAME)}), got {recipe!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.recipe = recipe
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
@@ -134,6 +144,10 @@ def weight_for_both_passes(weight: torch.Tensor, recipe: BlockScaling) -> tuple[
     quantized with `recipe`. Square blocks quantize once and use the same values twice; 1-D
     blocks run along in_features for the forward pass, so grad_x needs W quantized again along
     out_features, and its values differ."""
+    check_operand(weight, recipe)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D matrix (out_features x in_features), got shape "
+                         f"{tuple(weight.shape)}")
     forward = fake_quantize(weight, recipe)
     if recipe.transposes_exactly:
         return forward, forward

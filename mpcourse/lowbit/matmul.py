@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.lowbit.blockscale import Quantized
+from mpcourse.lowbit.blockscale import Quantized, check_quantized
 from mpcourse.numbers.formats import FloatFormat, round_to
 
 
@@ -66,6 +66,9 @@ def scaled_matmul(a: Quantized, b: Quantized,
     fewer bits sums `promote_every` products at a time (or all K, for per-tensor and per-row
     scales) before promoting to FP32.
     """
+    check_quantized(a, "a"), check_quantized(b, "b")
+    if not isinstance(accumulator, Accumulator):
+        raise TypeError(f"accumulator must be an Accumulator, got {accumulator!r}")
     k = a.elements.shape[1]
     if b.elements.shape[1] != k:
         raise ValueError(f"a is {tuple(a.elements.shape)} and b is {tuple(b.elements.shape)}: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mpcourse.lowbit.blockscale import BlockScaling, quantize
+from mpcourse.lowbit.blockscale import BlockScaling, check_operand, quantize
 
 #: A value counts as clipped when it passes element.max by more than this relative margin: with an
 #: FP32 scale amax / element.max, the amax divided by its scale may round a hair above element.max
@@ -22,6 +22,7 @@ def clipped_share(x: torch.Tensor, recipe: BlockScaling) -> float:
     """The share of `x`'s values, from 0 to 1, that `quantize(x, recipe)` saturates: those whose
     magnitude, divided by their block's full scale, passes recipe.element.max. NaN counts as not
     clipped."""
+    check_operand(x, recipe)
     values = x.detach().float().reshape(-1, x.shape[-1])
     scales = quantize(values, recipe).block_scales()
     limit = recipe.element.max * (1 + MARGIN)

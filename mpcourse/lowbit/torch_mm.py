@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mpcourse.lowbit.blockscale import Quantized
+from mpcourse.lowbit.blockscale import Quantized, check_quantized
 from mpcourse.numbers.formats import FP4_E2M1, FP8_E4M3, FP8_E5M2
 
 _ELEMENT_DTYPES = {FP8_E4M3: torch.float8_e4m3fn, FP8_E5M2: torch.float8_e5m2}
@@ -40,6 +40,7 @@ _FP4_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 def layout(q: Quantized) -> str:
     """The ScalingType name of `q`'s recipe: TensorWise, RowWise, BlockWise1x128,
     BlockWise128x128, BlockWise1x32 (MX) or BlockWise1x16 (NVFP4); ValueError otherwise."""
+    check_quantized(q, "q")
     r = q.recipe
     known = {((None, None), "amax"): "TensorWise", ((1, None), "amax"): "RowWise",
              ((1, 128), "amax"): "BlockWise1x128", ((128, 128), "amax"): "BlockWise128x128",
@@ -168,6 +169,7 @@ def torch_scaled_mm(a: Quantized, b: Quantized, output_dtype: torch.dtype = torc
     `torch.nn.functional.scaled_mm`, which needs a GPU that has them (cuBLAS rejects the rest,
     and torch 2.13 has no CPU kernel for them). MX and NVFP4 kernels may insist on a BF16
     output: pass output_dtype=torch.bfloat16 there."""
+    check_quantized(a, "a"), check_quantized(b, "b")
     args = scaled_mm_arguments(a, b)
     if args["scale_recipe_a"][0] in (F.ScalingType.TensorWise, F.ScalingType.RowWise):
         return torch._scaled_mm(args["mat_a"], args["mat_b"], scale_a=args["scale_a"][0],

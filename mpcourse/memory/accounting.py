@@ -53,6 +53,28 @@ def _count(value, name: str) -> int:
     return value
 
 
+def check_architecture(**sizes: int) -> None:
+    """Refuse a transformer that cannot be built: each size (`d_model`, `n_heads`, `n_layers`,
+    `seq_len` and the vocabulary, under the caller's names) a positive integer, and d_model split
+    evenly into n_heads heads. `mpcourse.train.models.GPTConfig` and `transformer_memory` both
+    call it, so the estimate only ever describes a model that exists."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if sizes["d_model"] % sizes["n_heads"]:
+        raise ValueError(f"d_model={sizes['d_model']} must be divisible by n_heads={sizes['n_heads']}: "
+                         f"each head takes d_model / n_heads of the model's dimensions")
+
+
+def default_heads(d_model: int) -> int:
+    """GPT-2's head count, one head per 64 dimensions (at least one), lowered to a divisor of
+    d_model where 64 does not divide it, so that the default is a model that exists."""
+    heads = max(1, _count(d_model, "d_model") // 64)
+    while d_model % heads:
+        heads -= 1
+    return heads
+
+
 def _choice(value, allowed, name: str) -> str:
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
@@ -88,6 +110,11 @@ class MemoryBreakdown:
     weight_copies: int = 0
     layout: str = ""
     optimizer: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("parameters", "master_parameters", "activations", "gradients", "optimizer_state",
+                     "weight_copies"):
+            _count(getattr(self, name), name)
 
     @property
     def total(self) -> int:
@@ -224,7 +251,7 @@ def transformer_saved_tensors(d_model: int, n_layers: int, seq_len: int, batch: 
     """
     d, L = _count(d_model, "d_model"), _count(n_layers, "n_layers")
     T, B, V = _count(seq_len, "seq_len"), _count(batch, "batch"), _count(vocab, "vocab")
-    h = max(1, d // 64) if n_heads is None else _count(n_heads, "n_heads")
+    h = default_heads(d) if n_heads is None else _count(n_heads, "n_heads")
     _choice(layout, LAYOUTS, "layout")
     low = BYTES_PER_ROLE[layout]["activations"]   # matmul-side tensors
     kept = 2 if layout == "master_weights" else 4  # what autocast keeps in FP32
@@ -275,13 +302,20 @@ def transformer_memory(d_model: int, n_layers: int, seq_len: int, batch: int, vo
     d -> 4d -> d MLP with GELU; no dropout; a final LayerNorm; an LM head without bias, tied to
     the token embedding unless `tied_embeddings=False`; and the cross-entropy loss. That is
     ``torch.nn.TransformerEncoderLayer(d, n_heads, 4 * d, dropout=0.0, activation="gelu",
-    batch_first=True, norm_first=True)`` with a causal mask. `n_heads` defaults to d_model // 64.
+    batch_first=True, norm_first=True)`` with a causal mask. `n_heads` defaults to d_model // 64
+    (see `default_heads`); `check_architecture` refuses sizes no model has, as the model does.
 
     Activations are the tensors listed by `transformer_saved_tensors` (about 16 values per token
     and d_model in each layer, plus the log-softmax over the vocabulary). In the "amp" layout it
     also counts the 16-bit weight copies autocast saves for backward. Left out: temporaries freed
     within the step (such as the logits), the input batch, and allocator overhead.
     """
+    if not isinstance(tied_embeddings, bool):
+        raise TypeError(f"tied_embeddings must be True or False, got {tied_embeddings!r}")
+    check_architecture(d_model=d_model, n_layers=n_layers, seq_len=seq_len, vocab=vocab,
+                       n_heads=default_heads(d_model) if n_heads is None else n_heads)
+    _count(batch, "batch")
+    _choice(layout, LAYOUTS, "layout")
     _choice(optimizer, OPTIMIZER_STATES, "optimizer")
     terms = transformer_saved_tensors(d_model, n_layers, seq_len, batch, vocab, layout, n_heads)
     n = transformer_parameters(d_model, n_layers, seq_len, vocab, tied_embeddings)

@@ -106,6 +106,11 @@ def measure_live_peak(fn: Callable[[], object],
 def held_tensors(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
     """What a training step keeps between steps: the parameters and their gradients, every
     tensor in the optimizer's state, and the gradients those carry (an FP32 accumulator)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(getattr(optimizer, "state", None), dict):
+        raise TypeError(f"optimizer must be an optimizer with a state dict (torch.optim or mpcourse.optim), "
+                        f"got {type(optimizer).__name__}")
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     tensors = [*model.parameters(), *state]
     return tensors + [t.grad for t in tensors if t.grad is not None]

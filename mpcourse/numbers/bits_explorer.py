@@ -54,8 +54,8 @@ def outcome(entry: ValueExplanation) -> str:
 def explorer_rows(value: float,
                   formats: tuple[FloatFormat, ...] = FORMATS) -> list[ValueExplanation]:
     """One explanation per format for `value`."""
-    if not formats:
-        raise ValueError("explorer needs at least one format, got none")
+    if isinstance(formats, (str, FloatFormat)) or not formats:
+        raise ValueError(f"explorer needs a tuple of at least one format, got {formats!r}")
     return [explain_value(value, fmt) for fmt in formats]
 
 

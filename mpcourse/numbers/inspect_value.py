@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import torch
 
-from mpcourse.numbers.formats import FloatFormat, round_to
+from mpcourse.numbers.float_format import FloatFormat, as_format
+from mpcourse.numbers.rounding import round_to
 
 __all__ = ["Bits", "bits", "from_bits", "neighbours", "grid", "ValueExplanation", "explain_value"]
 
@@ -35,12 +36,17 @@ class Bits(NamedTuple):
         return f"{sign}{exponent} {mantissa}".rstrip()
 
 
+#: The most values `grid` lists: enough for any plot or table of a format's values.
+MAX_GRID = 1 << 20
+
+
 def bits(value: float, fmt: FloatFormat) -> Bits:
     """The sign, exponent and mantissa fields of `value` rounded to `fmt` (by fmt's own cast).
 
     `value` is first stored as float32, as it would be in a tensor. An unsigned format has
     sign 0. A NaN gets the format's one NaN code (IEEE formats: the quiet NaN).
     """
+    fmt = as_format(fmt)
     stored = _round_scalar(value, fmt)
 
     def fields(sign: int, exponent: int, mantissa: int) -> Bits:
@@ -66,6 +72,11 @@ def bits(value: float, fmt: FloatFormat) -> Bits:
 
 def from_bits(sign: int, exponent: int, mantissa: int, fmt: FloatFormat) -> float:
     """The value that the fields (sign, exponent, mantissa) encode in `fmt`."""
+    fmt = as_format(fmt)
+    fields = {"sign": sign, "exponent": exponent, "mantissa": mantissa}
+    for name, field in fields.items():
+        if isinstance(field, bool) or not isinstance(field, int):
+            raise TypeError(f"from_bits: {name} must be an integer field, got {field!r}")
     top_field = 2**fmt.exponent_bits - 1
     signs = (0, 1) if fmt.signed else (0,)
     if not (sign in signs and 0 <= exponent <= top_field and 0 <= mantissa < 2**fmt.mantissa_bits):
@@ -88,6 +99,7 @@ def neighbours(value: float, fmt: FloatFormat) -> tuple[float, float]:
     Past the largest finite value the next one up is inf (or nan where `fmt` has no inf);
     below an unsigned format's smallest value there is nothing (nan).
     """
+    fmt = as_format(fmt)
     stored = _round_scalar(value, fmt)
     if math.isnan(stored):
         return math.nan, math.nan
@@ -113,11 +125,24 @@ def _step(stored: float, fmt: FloatFormat, direction: int) -> float:
     return from_bits(field.sign, exponent, mantissa, fmt)
 
 
+def _position(value: float, fmt: FloatFormat) -> int:
+    """Where finite `value`, rounded to `fmt`, sits among fmt's values: its code, negative below zero."""
+    field = bits(value, fmt)
+    code = (field.exponent << fmt.mantissa_bits) + field.mantissa
+    return -code if field.sign else code
+
+
 def grid(fmt: FloatFormat, low: float, high: float) -> list[float]:
-    """Every finite value of `fmt` in [low, high], in increasing order."""
+    """Every finite value of `fmt` in [low, high], in increasing order (at most `MAX_GRID` of them:
+    a wider range, such as FP32's values in [0, 1], is refused before any is listed)."""
+    fmt = as_format(fmt)
     if not low <= high:
         raise ValueError(f"grid needs low <= high, got low={low}, high={high}")
     lowest = -fmt.max if fmt.signed else (0.0 if fmt.has_zero else fmt.smallest_subnormal)
+    count = _position(min(high, fmt.max), fmt) - _position(max(low, lowest), fmt) + 1
+    if count > MAX_GRID:
+        raise ValueError(f"{fmt.name} holds about {count:,} values in [{low}, {high}], more than grid lists "
+                         f"({MAX_GRID:,}); narrow the range")
     value = _round_scalar(max(low, lowest), fmt)
     if value < low:
         value = _step(value, fmt, +1)
@@ -212,6 +237,7 @@ def explain_value(value: float, fmt: FloatFormat) -> ValueExplanation:
     `value` is first stored as float32 (as in a tensor); the error is measured against `value`
     itself, so for FP32 it shows float32's own rounding.
     """
+    fmt = as_format(fmt)
     value = float(value)
     below, above = neighbours(value, fmt)
     return ValueExplanation(value, fmt, _round_scalar(value, fmt), bits(value, fmt), below, above)

@@ -26,6 +26,8 @@ SHORT_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 def short_name(dtype: torch.dtype | None) -> str:
     """"fp32", "bf16", "fp8_e4m3", ...; torch's own name for other dtypes ("int64"); "-" for None."""
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"short_name takes a torch dtype or None, got {dtype!r}")
     return "-" if dtype is None else SHORT_NAMES.get(dtype, dtype_name(dtype))
 
 

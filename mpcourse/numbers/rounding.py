@@ -3,17 +3,19 @@
 `round_to(x, fmt)` is what a conversion unit does: take each float32 pattern, add an increment
 to the bits that will be dropped, let a carry ripple into the kept bits, clear the dropped bits.
 It never calls torch's casts; the tests use those casts (and the `ml_dtypes` package) as the
-oracle and require equality bit for bit. `mpcourse.numbers.formats` describes the formats and re-exports
-`round_to`.
+oracle and require equality bit for bit. It builds on `mpcourse.numbers.float_format`, which
+describes the formats; `mpcourse.numbers.formats` hands on both.
 """
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 
-ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
+from mpcourse.numbers.float_format import ROUNDING_MODES, FloatFormat, as_format
+
+__all__ = ["round_to", "ROUNDING_MODES"]
 
 # The float32 layout that round_to works on: 1 sign bit, 8 exponent bits, 23 mantissa bits.
 _F32_MANTISSA_BITS = 23
@@ -26,30 +28,7 @@ _F32_QUIET_NAN = 0x7FC00000
 _CPU_CHUNK = 1 << 17  # 512 KiB of int32: fits in L2; measured fastest on an idle 2-core machine
 
 
-class Grid(Protocol):
-    """What rounding needs to know of a format: its grid of values and what happens off it.
-
-    `mpcourse.numbers.formats.FloatFormat` is one; rounding depends on this shape only, so formats
-    builds on rounding and never the other way round.
-    """
-    mantissa_bits: int
-    min_exponent: int
-    signed: bool
-    has_inf: bool
-    has_zero: bool
-    nan: str
-    overflow: str
-    rounding: str
-
-    @property
-    def max(self) -> float: ...
-    @property
-    def smallest_normal(self) -> float: ...
-    @property
-    def smallest_subnormal(self) -> float: ...
-
-
-def round_to(x: torch.Tensor, fmt: Grid, rounding: str | None = None,
+def round_to(x: torch.Tensor, fmt: FloatFormat | torch.dtype | str, rounding: str | None = None,
              generator: torch.Generator | None = None,
              random_bits: torch.Tensor | None = None) -> torch.Tensor:
     """Round each element of float32 `x` to a value that `fmt` can hold; return it as float32.
@@ -66,6 +45,7 @@ def round_to(x: torch.Tensor, fmt: Grid, rounding: str | None = None,
     gap already covered, so the result is right on average; `generator` seeds it). By default
     it is `fmt.rounding`, the rounding of the format's own cast.
     Float16 and bfloat16 inputs are accepted (float32 holds them exactly); float64 is not.
+    `fmt` may also be given as a torch dtype or a name (`torch.bfloat16`, "bf16"; see `as_format`).
 
     `random_bits` (stochastic only): an int32 tensor of x's shape that supplies the random bits
     instead of drawing them from `generator`, so that a stochastic rounding can be replayed
@@ -84,6 +64,7 @@ def round_to(x: torch.Tensor, fmt: Grid, rounding: str | None = None,
     if x.dtype == torch.float64:
         raise ValueError("round_to works on float32 bit patterns and got float64; convert with "
                          "x.float() first (that itself rounds each value to float32)")
+    fmt = as_format(fmt)
     rounding = fmt.rounding if rounding is None else rounding
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDING_MODES}")
@@ -143,7 +124,7 @@ class _RandomBits(NamedTuple):
         return _RandomBits(self.generator, None if self.supplied is None else self.supplied[index])
 
 
-def _round_magnitude(magnitude: torch.Tensor, fmt: Grid, rounding: str,
+def _round_magnitude(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
                      random: _RandomBits) -> torch.Tensor:
     """Round float32 bit patterns without their sign bit to `fmt`; return the new patterns.
 
@@ -189,7 +170,7 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: Grid, rounding: str,
     return rounded
 
 
-def _round_below_normal(magnitude: torch.Tensor, fmt: Grid, rounding: str,
+def _round_below_normal(magnitude: torch.Tensor, fmt: FloatFormat, rounding: str,
                         random: _RandomBits) -> torch.Tensor:
     """Round magnitudes below fmt's smallest normal, where fmt's spacing is its smallest
     subnormal, and (for formats reaching below float32's normals) float32's subnormals.
@@ -250,8 +231,6 @@ def _drop_low_bits(bits: torch.Tensor, count: int | torch.Tensor, rounding: str,
     if rounding == "stochastic":
         # Uniform in [0, 2**count): the add carries with probability (dropped bits) / 2**count.
         increment = random.draw(bits) & dropped_mask
-    elif rounding == "away":   # any dropped bit set carries: away from zero
-        return (bits + dropped_mask).bitwise_and_(~dropped_mask)
     elif rounding == "nearest_away":
         # Half a step: a tie carries. (mask + 1) >> 1 is exactly that, and 0 when nothing is dropped.
         return (bits + ((dropped_mask + 1) >> 1)).bitwise_and_(~dropped_mask)

@@ -49,6 +49,8 @@ def dynamic_code(signed: bool = True) -> torch.Tensor:
     `create_dynamic_map(signed)`): 0, 1 and, for each power of ten 10**-6 .. 10**0, the middles
     of 2**k equal steps from 0.1 to 1 times it (k = 0..6 signed, with both signs; k = 1..7
     unsigned)."""
+    if not isinstance(signed, bool):
+        raise TypeError(f"signed must be True or False, got {signed!r}")
     return torch.tensor(_dynamic_values(signed), dtype=torch.float32)
 
 
@@ -69,9 +71,9 @@ def quantize_blockwise(x: torch.Tensor, code: str = "e4m3",
     0.50's pure-torch path (`torch.bucketize` on the midpoints) sends it to the smaller one.
     Only such exact ties can differ between the two.
     """
-    _check_code(code)
-    if not (isinstance(block_size, int) and block_size >= 1):
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    _check_code(code), _check_block_size(block_size)
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     blocks = _blocks(x.float(), block_size)
     amax = blocks.abs().amax(dim=1).clamp(min=1e-12)
     if code in FP8_CODES:
@@ -86,7 +88,14 @@ def quantize_blockwise(x: torch.Tensor, code: str = "e4m3",
 def dequantize_blockwise(codes: torch.Tensor, scale: torch.Tensor, code: str = "e4m3",
                          block_size: int = 256) -> torch.Tensor:
     """The FP32 values that `quantize_blockwise(x, code, block_size)`'s codes and scales stand for."""
-    _check_code(code)
+    _check_code(code), _check_block_size(block_size)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be the tensor quantize_blockwise gives, got {type(codes).__name__}")
+    blocks_needed = -(-codes.numel() // block_size)
+    if not isinstance(scale, torch.Tensor) or scale.shape != (blocks_needed,):
+        got = tuple(scale.shape) if isinstance(scale, torch.Tensor) else type(scale).__name__
+        raise ValueError(f"scale must hold one value per block of {block_size}: shape ({blocks_needed},), "
+                         f"got {got}")
     values = codes.float() if code in FP8_CODES else dynamic_code(code == "dynamic")[codes.int()]
     blocks = _blocks(values, block_size) * scale[:, None]
     return blocks.reshape(-1)[:codes.numel()].reshape(codes.shape)
@@ -111,6 +120,11 @@ def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
     if padding:
         flat = torch.cat([flat, flat.new_zeros(padding)])
     return flat.view(-1, block_size)
+
+
+def _check_block_size(block_size: int) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
 
 
 def _check_code(code: str) -> None:

@@ -39,6 +39,7 @@ def compensated_add(weight: torch.Tensor, compensation: torch.Tensor,
     The sum is formed in FP32, rounded to nearest into the weight's dtype, and what that rounding
     lost becomes the new compensation (itself rounded to the compensation's dtype).
     """
+    _check_same_shape(weight, compensation, update)
     exact = weight.float() + compensation.float() + update.float()
     return split(exact, weight.dtype, compensation.dtype)
 
@@ -53,6 +54,7 @@ def classic_kahan_add(weight: torch.Tensor, compensation: torch.Tensor,
     The three other operations take 16-bit operands and round their result to the weight's
     dtype, as optimi's in-place `add_` and `sub_` on BF16 tensors do.
     """
+    _check_same_shape(weight, compensation, update)
     compensation = (compensation.float() + update.float()).to(compensation.dtype)
     new_weight = weight + compensation
     return new_weight, compensation + (weight - new_weight)
@@ -61,8 +63,24 @@ def classic_kahan_add(weight: torch.Tensor, compensation: torch.Tensor,
 def split(exact: torch.Tensor, weight_dtype: torch.dtype,
           compensation_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """FP32 `exact` as a rounded weight plus the compensation that rounding lost."""
+    for name, dtype in (("weight_dtype", weight_dtype), ("compensation_dtype", compensation_dtype)):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point torch dtype such as torch.bfloat16, "
+                            f"got {dtype!r}")
     weight = exact.to(weight_dtype)
     return weight, (exact - weight.float()).to(compensation_dtype)
+
+
+def _check_same_shape(weight: torch.Tensor, compensation: torch.Tensor, update: torch.Tensor) -> None:
+    """Refuse operands that are not floating-point tensors of one shape (a broadcast would hide a bug)."""
+    operands = {"weight": weight, "compensation": compensation, "update": update}
+    for name, tensor in operands.items():
+        if not isinstance(tensor, torch.Tensor) or not tensor.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got "
+                            f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    shapes = {name: tuple(tensor.shape) for name, tensor in operands.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"weight, compensation and update must have one shape, got {shapes}")
 
 
 class KahanOptimizer(LowPrecisionWeightOptimizer):

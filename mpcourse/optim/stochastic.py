@@ -21,15 +21,18 @@ from typing import Any, Iterable
 
 import torch
 
-from mpcourse.numbers.formats import BF16, FP16, FloatFormat, round_to
+from mpcourse.numbers.float_format import BF16, FloatFormat
+from mpcourse.numbers.rounding import round_to
 
-FORMAT_OF_DTYPE = {torch.bfloat16: BF16, torch.float16: FP16}
+#: The dtypes of the 16-bit weights these optimizers update (`as_format` gives each one's format).
+WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def stochastic_round(x: torch.Tensor, fmt: FloatFormat = BF16, *,
+def stochastic_round(x: torch.Tensor, fmt: FloatFormat | torch.dtype | str = BF16, *,
                      generator: torch.Generator | None = None,
                      random_bits: torch.Tensor | None = None) -> torch.Tensor:
-    """`x` rounded stochastically to `fmt`, as float32 values on `fmt`'s grid.
+    """`x` rounded stochastically to `fmt` (a format, dtype or name: see `as_format`), as float32
+    values on `fmt`'s grid.
 
     Each value becomes its lower neighbour `lo` or upper neighbour `hi` (by magnitude), `hi` with
     probability (|x| - lo) / (hi - lo), so the expected result is exactly x. `random_bits` (int32,
@@ -76,7 +79,7 @@ class LowPrecisionWeightOptimizer:
         self.optimizer = optimizer_cls(proxy_groups, **optimizer_kwargs)
 
     def _add(self, working: torch.Tensor) -> torch.Tensor:
-        if not isinstance(working, torch.Tensor) or working.dtype not in FORMAT_OF_DTYPE:
+        if not isinstance(working, torch.Tensor) or working.dtype not in WEIGHT_DTYPES:
             what = working.dtype if isinstance(working, torch.Tensor) else type(working).__name__
             raise ValueError(f"{type(self).__name__} updates 16-bit weights (torch.bfloat16 or "
                              f"torch.float16), got {what}")
@@ -173,6 +176,8 @@ class StochasticRoundingOptimizer(LowPrecisionWeightOptimizer):
 
     def __init__(self, params, optimizer_cls: type, generator: torch.Generator | None = None,
                  per_tensor: bool = False, **optimizer_kwargs: Any):
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
         self.generator = generator
         super().__init__(params, optimizer_cls, per_tensor, **optimizer_kwargs)
 
@@ -189,5 +194,4 @@ class StochasticRoundingOptimizer(LowPrecisionWeightOptimizer):
             self.generator.set_state(state_dict["generator"])
 
     def store(self, working: torch.Tensor, exact: torch.Tensor) -> None:
-        fmt = FORMAT_OF_DTYPE[working.dtype]
-        working.copy_(stochastic_round(exact, fmt, generator=self.generator))
+        working.copy_(stochastic_round(exact, working.dtype, generator=self.generator))

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mpcourse.memory.accounting import check_architecture
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -26,11 +28,8 @@ class GPTConfig:
     n_heads: int = 4
 
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        check_architecture(vocab_size=self.vocab_size, seq_len=self.seq_len, d_model=self.d_model,
+                           n_layers=self.n_layers, n_heads=self.n_heads)
 
 
 class CausalSelfAttention(nn.Module):
@@ -70,6 +69,8 @@ class GPT(nn.Module):
     """Token ids (batch, seq) in, next-token logits (batch, seq, vocab) out."""
 
     def __init__(self, config: GPTConfig):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT takes a GPTConfig, got {type(config).__name__}")
         super().__init__()
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)

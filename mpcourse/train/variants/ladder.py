@@ -41,7 +41,6 @@ from mpcourse.optim.optim_states import MIN_8BIT_SIZE, AdamW, is_8bit, quantizes
 from mpcourse.optim.stochastic import StochasticRoundingOptimizer
 from mpcourse.train.config import RunConfig
 
-WEIGHT_UPDATES = ("fp32", "master", "master_fp32_grads", "nearest", "kahan", "stochastic")
 PLAIN_STATE_BYTES = {"fp32": 4, "bf16": 2}
 BLOCK_SIZE = 256
 #: The working set of one tensor's AdamW update (`optim_states.AdamW._update`), counted from the
