@@ -6,6 +6,7 @@ autocast, GradScaler` as one would write `from torch.amp import autocast, GradSc
 - `recipe_step`: one real training step of a recipe, each tensor's dtype recorded (lesson 03);
 - `master`: `MasterWeightOptimizer`, FP32 master weights under 16-bit ones (lesson 04);
 - `update_walk`: one weight under many small updates, kept by each cure (lessons 04 and 11);
+- `fine_tune_forecast`: lesson 04's fine-tuning run predicted in closed form (`forecast_fine_tune`);
 - `scale_update`: `update_scale`, the dynamic scale's rule, and what a valid scale is;
 - `scaling`: `GradScaler` and `StaticLossScaler` (lesson 05);
 - `optimizer_grads`: one optimizer's iteration as a scaler tracks it (stage, inf checks);

@@ -95,6 +95,7 @@ def gpt_training_flops(n_layers: int, d_model: int, seq_len: int, vocab_size: in
     matmul_weights = n_layers * 12 * d_model**2 + vocab_size * d_model
     return 3 * (2 * matmul_weights + n_layers * 2 * d_model * seq_len)
 
+
 @dataclass(frozen=True)
 class Device:
     """A device as the roofline sees it: its peak dense FLOP/s for each precision it

@@ -98,15 +98,6 @@ class GPT(nn.Module):
         """Distinct parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def flops_per_token(self) -> int:
-        """Training FLOPs per token (forward + backward = 3x forward), attention included.
-
-        The usual 6N estimate (Kaplan et al.) plus the attention scores, as in nanoGPT's MFU:
-        6 * parameters + 12 * layers * d_model * seq_len.
-        """
-        c = self.config
-        return 6 * self.num_parameters() + 12 * c.n_layers * c.d_model * c.seq_len
-
 
 def _init_weights(module: nn.Module) -> None:
     if isinstance(module, (nn.Linear, nn.Embedding)):
