@@ -195,14 +195,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                              "measures the arithmetic alone on a machine busy with other work")
 
 
-#: The commands whose options take their choices from modules that import torch.
-TORCH_OPTIONS = ("train", "compare")
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line. Given `command`, the subcommand about to run ("" when none is named, as in
-    `mpcourse --help`), the options of the other TORCH_OPTIONS commands are left out, so that
-    loading torch waits until one of them runs; with None, every command has all its options."""
+    `mpcourse --help`), the options of `train` and `compare`, whose choices come from modules that
+    import torch, are added only to that one of them, so that loading torch waits until one of them
+    runs; with None, every command has all its options."""
     parser = argparse.ArgumentParser(
         prog="mpcourse", description="The mixed-precision training course: tools for learners and instructors.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

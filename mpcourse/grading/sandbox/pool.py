@@ -46,7 +46,7 @@ class Task:
     attempts: int = 0
 
 
-def _alarm(signum, frame):
+def _alarm(_signum, _frame):
     raise OutOfTime("the submission's grading used up its time")
 
 
