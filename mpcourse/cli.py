@@ -37,7 +37,8 @@ def _course_root(text: str) -> str:
     """A `hosted --root` check: the course's checkout, a folder holding pyproject.toml."""
     arguments.existing_folder(text)
     if not (Path(text) / "pyproject.toml").is_file():
-        raise argparse.ArgumentTypeError(f"{text!r} holds no pyproject.toml (allowed: the course's root folder)")
+        raise argparse.ArgumentTypeError(f"{text!r} holds no pyproject.toml "
+                                         "(allowed: the course's root folder)")
     return text
 
 
@@ -87,14 +88,12 @@ def _check_warmup(args: argparse.Namespace) -> None:
 
 
 def _lab_size(args: argparse.Namespace):
-    """The lab's size on the chosen device (measured once), and why, said on stderr; sets --threads."""
+    """The lab's size on the chosen device (measured once); sets --threads."""
     import torch
     from mpcourse.train.sizing import lab_size
     if args.threads is not None:  # at least 1, checked as the command line was read
         torch.set_num_threads(args.threads)
-    size = lab_size(args.device)
-    print(_describe_lab_size(size), file=sys.stderr)
-    return size
+    return lab_size(args.device)
 
 
 def _refuse(command: str, error) -> int:
@@ -110,11 +109,13 @@ def _train(args: argparse.Namespace) -> int:
     try:
         _check_warmup(args)
         saved = read_checkpoint(args.checkpoint) if args.resume else None  # before any measuring
-        config = _run_config(args, args.precision, _lab_size(args).config)
+        size = _lab_size(args)
+        config = _run_config(args, args.precision, size.config)
         if saved is not None:
             check_resumable(saved, config, args.checkpoint)
     except (ValueError, FileNotFoundError) as error:
         return _refuse("train", error)
+    print(_describe_lab_size(size), file=sys.stderr)  # why the sizes not given are the lab's
     if args.nproc is not None:
         return _train_distributed(args, config)
     done = saved["step"] if saved is not None else 0
@@ -162,12 +163,14 @@ def _compare(args: argparse.Namespace) -> int:
     from mpcourse.views.runs import RunComparison
     try:
         _check_warmup(args)
-        base = _lab_size(args).config
-        configs = [_run_config(args, precision.strip(), base) for precision in args.precisions.split(",")]
+        size = _lab_size(args)
+        configs = [_run_config(args, precision.strip(), size.config)
+                   for precision in args.precisions.split(",")]
         if args.time_limit > 0:
             configs = [fit_to_hardware(config, seconds=args.time_limit) for config in configs]
     except ValueError as error:
         return _refuse("compare", error)
+    print(_describe_lab_size(size), file=sys.stderr)  # why the sizes not given are the lab's
     results = []
     for config in configs:
         bar, on_step = _progress(config.steps, config.label)
@@ -210,8 +213,8 @@ def _precisions(text: str) -> str:
     names = [name.strip() for name in text.split(",")]
     for name in names:
         if name not in RUN_PRECISIONS:
-            raise argparse.ArgumentTypeError(f"unknown precision {name!r} (allowed: {', '.join(RUN_PRECISIONS)}, "
-                                             "comma-separated)")
+            raise argparse.ArgumentTypeError(f"unknown precision {name!r} (allowed: "
+                                             f"{', '.join(RUN_PRECISIONS)}, comma-separated)")
     return text
 
 
@@ -247,7 +250,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     import torch, are added only to that one of them, so that loading torch waits until one of them
     runs; with None, every command has all its options."""
     parser = arguments.Parser(
-        prog="mpcourse", description="The mixed-precision training course: tools for learners and instructors.")
+        prog="mpcourse",
+        description="The mixed-precision training course: tools for learners and instructors.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     doctor = commands.add_parser("doctor", help="what this machine can do with each precision")
@@ -255,15 +259,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     hosted = commands.add_parser("hosted", help="check (or --stamp) every notebook's Colab/Kaggle links and "
                                                 "the cell that installs mpcourse there")
-    hosted.add_argument("--stamp", action="store_true", help="write the current cell and links into every notebook")
-    hosted.add_argument("--root", default=".", type=_course_root, help="the repository's root (default: %(default)s)")
+    hosted.add_argument("--stamp", action="store_true",
+                        help="write the current cell and links into every notebook")
+    hosted.add_argument("--root", default=".", type=_course_root,
+                        help="the repository's root (default: %(default)s)")
     hosted.set_defaults(handler=_hosted)
 
     add_instructor_commands(commands)
 
     train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")
     train.set_defaults(handler=_train)
-    compare = commands.add_parser("compare", help="train in several precisions and tabulate speed, memory, loss")
+    compare = commands.add_parser("compare",
+                                  help="train in several precisions and tabulate speed, memory, loss")
     compare.set_defaults(handler=_compare)
     if command in (None, "train"):
         _add_train_options(train)
@@ -293,7 +300,8 @@ def _add_compare_options(compare: argparse.ArgumentParser) -> None:
     compare.add_argument("--time-limit", type=arguments.not_negative, default=20.0,
                          help="seconds allowed to a precision this device does not accelerate; "
                               "0 for no limit (default: %(default)s)")
-    compare.add_argument("--out", default="loss_curves.png", help="PNG of the loss curves (default: %(default)s)",
+    compare.add_argument("--out", default="loss_curves.png",
+                         help="PNG of the loss curves (default: %(default)s)",
                          type=arguments.with_suffix(arguments.output_file_in_existing_folder, ".png"))
     compare.add_argument("--json", action="store_true",
                          help='print {"runs": [{"precision", "tokens_per_s", "final_loss", "eval_loss", '

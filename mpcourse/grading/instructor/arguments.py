@@ -34,7 +34,8 @@ def at_least(low: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (allowed: {low} or more)") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number "
+                                             f"(allowed: {low} or more)") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is too small (allowed: {low} or more)")
         return value
