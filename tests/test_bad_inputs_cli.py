@@ -19,7 +19,8 @@ from mpcourse import cli
 from mpcourse.machine import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--d-model", "16", "--layers", "1", "--heads", "2", "--batch", "2", "--seq-len", "8", "--device", "cpu"]
+TINY = ["--d-model", "16", "--layers", "1", "--heads", "2", "--batch", "2", "--seq-len", "8",
+        "--device", "cpu"]
 GRADEBOOK_COLUMNS = "path,exercise,test,points,max_points,passed,score,max_score\n"
 
 ROWS = [
@@ -29,17 +30,20 @@ ROWS = [
     (["train", "--lr", "-1"], "argument --lr: -1 is not positive (allowed: a finite number above 0)"),
     (["train", "--lr", "nan"], "argument --lr: nan is not finite"),
     (["train", "--d-model", "0"], "argument --d-model: 0 is too small"),
-    (["train", "--d-model", "60", "--heads", "7", "--device", "cpu"], "d_model=60 must be divisible by n_heads=7"),
+    (["train", "--d-model", "60", "--heads", "7", "--device", "cpu"],
+     "d_model=60 must be divisible by n_heads=7"),
     (["train", "--seed", "-1"], "argument --seed: -1 is too small (allowed: 0 or more)"),
     (["train", "--threads", "0"], "argument --threads: 0 is too small"),
     (["train", "--nproc", "0"], "argument --nproc: 0 is too small"),
     (["train", "--precision", "fp64"], "argument --precision: invalid choice: 'fp64'"),
     (["train", "--device", "tpu"], "argument --device: unknown device 'tpu' (allowed: auto, cpu, cuda"),
     (["train", "--device", "cuda"], "device 'cuda' is not available here"),
-    (["train", "--steps", "3", "--warmup-steps", "3"], "--warmup-steps 3 leaves no step to time (allowed: 0 to"),
+    (["train", "--steps", "3", "--warmup-steps", "3"],
+     "--warmup-steps 3 leaves no step to time (allowed: 0 to"),
     (["train", "--warmup-steps", "-1"], "argument --warmup-steps: -1 is too small (allowed: 0 or more)"),
     # train: the checkpoint's path, and what a file to resume from is
-    (["train", "--checkpoint", "{tmp}/missing/run.pt"], "missing' does not exist (allowed: a file path in an existing"),
+    (["train", "--checkpoint", "{tmp}/missing/run.pt"],
+     "missing' does not exist (allowed: a file path in an existing"),
     (["train", "--checkpoint", "{tmp}"], "argument --checkpoint: '{tmp}' is a folder"),
     (["train", "--resume", "--checkpoint", "{tmp}/none.pt"], "no checkpoint to resume from at {tmp}/none.pt"),
     (["train", "--resume", "--checkpoint", "{tmp}/text.pt"], "{tmp}/text.pt is not a torch file"),
@@ -49,7 +53,8 @@ ROWS = [
     (["train", "--resume", "--checkpoint", "{tmp}/run.pt", "--steps", "3", "--lr", "0.5", *TINY],
      "was saved by a different configuration: lr=0.01 there, 0.5 here"),
     # compare
-    (["compare", "--precisions", "fp32,fp64"], "argument --precisions: unknown precision 'fp64' (allowed: fp32"),
+    (["compare", "--precisions", "fp32,fp64"],
+     "argument --precisions: unknown precision 'fp64' (allowed: fp32"),
     (["compare", "--time-limit", "-5"], "argument --time-limit: -5 is negative"),
     (["compare", "--out", "{tmp}/curves.txt"], "'{tmp}/curves.txt' does not end in .png"),
     (["compare", "--out", "{tmp}/missing/curves.png"], "missing' does not exist"),
@@ -58,19 +63,25 @@ ROWS = [
     (["hosted", "--root", "{tmp}/missing"], "the folder '{tmp}/missing' does not exist"),
     (["hosted", "--root", "{tmp}"], "'{tmp}' holds no pyproject.toml"),
     # release
-    (["release", "--solutions", "/nonexistent"], "argument --solutions: the folder '/nonexistent' does not exist"),
+    (["release", "--solutions", "/nonexistent"],
+     "argument --solutions: the folder '/nonexistent' does not exist"),
     (["release", "--solutions", "{tmp}/empty"], "no solution notebooks (ex*.ipynb) in '{tmp}/empty'"),
-    (["release", "--solutions", "{root}/solutions", "--exercises", "{tmp}/text.pt"], "'{tmp}/text.pt' is a file"),
+    (["release", "--solutions", "{root}/solutions", "--exercises", "{tmp}/text.pt"],
+     "'{tmp}/text.pt' is a file"),
     # grade
     (["grade", "{tmp}/missing.ipynb"], "argument PATH: no file '{tmp}/missing.ipynb'"),
     (["grade", "--timeout", "0", "{tmp}/ex00_bytes.ipynb"], "argument --timeout: 0 is not positive"),
     (["grade", "--timeout", "inf", "{tmp}/ex00_bytes.ipynb"], "argument --timeout: inf is not finite"),
     (["grade", "--jobs", "0", "{tmp}/ex00_bytes.ipynb"], "argument --jobs: 0 is too small"),
     (["grade", "--csv", "{tmp}", "{tmp}/ex00_bytes.ipynb"], "argument --csv: '{tmp}' is a folder"),
-    (["grade", "--csv", "{tmp}/text.pt/g.csv", "{tmp}/ex00_bytes.ipynb"], "lies under '{tmp}/text.pt', which is a file"),
-    (["grade", "--lms", "canva", "{tmp}/ex00_bytes.ipynb"], "argument --lms: must be among canvas, moodle, blackboard"),
-    (["grade", "--lms", "canvas", "{tmp}/ex00_bytes.ipynb"], "--lms writes its gradebook beside the --csv one"),
-    (["grade", "--solutions", "{tmp}/empty", "{tmp}/ex00_bytes.ipynb"], "no solution notebooks (ex*.ipynb) in"),
+    (["grade", "--csv", "{tmp}/text.pt/g.csv", "{tmp}/ex00_bytes.ipynb"],
+     "lies under '{tmp}/text.pt', which is a file"),
+    (["grade", "--lms", "canva", "{tmp}/ex00_bytes.ipynb"],
+     "argument --lms: must be among canvas, moodle, blackboard"),
+    (["grade", "--lms", "canvas", "{tmp}/ex00_bytes.ipynb"],
+     "--lms writes its gradebook beside the --csv one"),
+    (["grade", "--solutions", "{tmp}/empty", "{tmp}/ex00_bytes.ipynb"],
+     "no solution notebooks (ex*.ipynb) in"),
     # gradebook export
     (["gradebook", "export", "{tmp}/gradebook.csv", "--lms", "canvas", "--assignment-id", "ex00_bytes"],
      "argument --assignment-id: 'ex00_bytes' is not EXERCISE=ID"),
@@ -79,33 +90,43 @@ ROWS = [
     (["gradebook", "export", "{tmp}/missing.csv", "--lms", "canvas"], "no file '{tmp}/missing.csv'"),
     (["gradebook", "export", "{tmp}/not_a_gradebook.csv", "--lms", "canvas"],
      "'{tmp}/not_a_gradebook.csv' is not a gradebook of `mpcourse grade --csv`: it lacks the column(s)"),
-    (["gradebook", "export", "{tmp}/gradebook.csv", "--lms", "canva"], "must be among canvas, moodle, blackboard"),
+    (["gradebook", "export", "{tmp}/gradebook.csv", "--lms", "canva"],
+     "must be among canvas, moodle, blackboard"),
     # collect
     (["collect", "{tmp}/missing.zip", "--from", "canvas"], "'{tmp}/missing.zip' does not exist"),
     (["collect", "{tmp}/text.pt", "--from", "canvas"], "'{tmp}/text.pt' is not a zip file"),
-    (["collect", "{tmp}/download.zip", "--from", "blackboard"], "argument --from: invalid choice: 'blackboard'"),
+    (["collect", "{tmp}/download.zip", "--from", "blackboard"],
+     "argument --from: invalid choice: 'blackboard'"),
     (["collect", "{tmp}/download.zip", "--from", "moodle", "--roster", "{tmp}/missing.csv"],
      "argument --roster: no file '{tmp}/missing.csv'"),
-    (["collect", "{tmp}/download.zip", "--from", "canvas", "--out", "{tmp}/text.pt"], "'{tmp}/text.pt' is a file"),
+    (["collect", "{tmp}/download.zip", "--from", "canvas", "--out", "{tmp}/text.pt"],
+     "'{tmp}/text.pt' is a file"),
     # feedback, report
-    (["feedback", "{tmp}/binary.csv", "--out", "{tmp}/feedback"], "is not a gradebook of `mpcourse grade --csv`: it "
+    (["feedback", "{tmp}/binary.csv", "--out", "{tmp}/feedback"],
+     "is not a gradebook of `mpcourse grade --csv`: it "
                                                                   "is not UTF-8 text"),
-    (["feedback", "{tmp}/gradebook.csv", "--out", "{tmp}/text.pt"], "argument --out: '{tmp}/text.pt' is a file"),
-    (["feedback", "{tmp}/gradebook.csv", "--solutions", "{tmp}/missing"], "the folder '{tmp}/missing' does not exist"),
+    (["feedback", "{tmp}/gradebook.csv", "--out", "{tmp}/text.pt"],
+     "argument --out: '{tmp}/text.pt' is a file"),
+    (["feedback", "{tmp}/gradebook.csv", "--solutions", "{tmp}/missing"],
+     "the folder '{tmp}/missing' does not exist"),
     (["report", "{tmp}/missing.csv"], "argument gradebook: no file '{tmp}/missing.csv'"),
-    (["report", "{tmp}/bad_number.csv", "--out", "{tmp}/r.html"], "line 2: could not convert string to float: 'x'"),
+    (["report", "{tmp}/bad_number.csv", "--out", "{tmp}/r.html"],
+     "line 2: could not convert string to float: 'x'"),
     (["report", "{tmp}/gradebook.csv", "--out", "{tmp}"], "argument --out: '{tmp}' is a folder"),
     # autograder
     (["autograder", "gradescope", "--all", "--solutions", "{root}/solutions", "--out", "{tmp}/a.tar"],
      "'{tmp}/a.tar' does not end in .zip"),
-    (["autograder", "gradescope", "--all", "--solutions", "{root}/solutions", "--out", "{tmp}/a.zip", "--timeout", "0"],
+    (["autograder", "gradescope", "--all", "--solutions", "{root}/solutions", "--out", "{tmp}/a.zip",
+      "--timeout", "0"],
      "argument --timeout: 0 is not positive"),
     (["autograder", "gradescope", "--all", "--solutions", "{root}/solutions", "--out", "{tmp}/a.zip",
       "--total-seconds", "nan"], "argument --total-seconds: nan is not finite"),
     (["autograder", "gradescope", "--solutions", "{root}/solutions", "--out", "{tmp}/a.zip"],
      "name the exercises to grade (e.g. ex00_bytes), or pass --all; not both"),
-    (["autograder", "github-classroom", "--timeout-minutes", "0"], "argument --timeout-minutes: 0 is too small"),
-    (["autograder", "github-classroom", "--out", "{tmp}/text.pt"], "argument --out: '{tmp}/text.pt' is a file"),
+    (["autograder", "github-classroom", "--timeout-minutes", "0"],
+     "argument --timeout-minutes: 0 is too small"),
+    (["autograder", "github-classroom", "--out", "{tmp}/text.pt"],
+     "argument --out: '{tmp}/text.pt' is a file"),
 ]
 
 
