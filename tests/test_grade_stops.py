@@ -43,21 +43,27 @@ STOP_BUDGET = 3 * pool.STOP_GRACE
 
 @contextlib.contextmanager
 def _subreaper():
-    """This process adopts the run's orphans while the block runs; any left are killed after."""
+    """This process adopts the run's orphans while the block runs; yields a function listing the
+    processes it holds that it did not hold before (the run's), which are killed after the block."""
     libc = ctypes.CDLL(None, use_errno=True)
+    before = set(_descendants(os.getpid()))  # e.g. a multiprocessing helper of an earlier test
+
+    def new(zombies: bool = False) -> list[int]:
+        return [pid for pid in _descendants(os.getpid(), zombies) if pid not in before]
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
     try:
-        yield
+        yield new
     finally:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-        for pid in _descendants(os.getpid()):
+        for pid in new():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _reap()
+        _reap(new(zombies=True))
 
 
-def _processes() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent pid, process group, name) of every process now."""
+def _processes(zombies: bool = False) -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, name) of every process now (a zombie is dead already:
+    its parent has not waited for it yet)."""
     table = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -66,13 +72,13 @@ def _processes() -> dict[int, tuple[int, int, str]]:
             except OSError:
                 continue
             name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z":  # a zombie is dead already (its parent has not waited yet)
+            if zombies or fields[0] != "Z":
                 table[int(entry.name)] = (int(fields[1]), int(fields[2]), name)
     return table
 
 
-def _descendants(root: int) -> list[int]:
-    table, found, todo = _processes(), [], [root]
+def _descendants(root: int, zombies: bool = False) -> list[int]:
+    table, found, todo = _processes(zombies), [], [root]
     while todo:
         parent = todo.pop()
         children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent]
@@ -81,11 +87,11 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _reap() -> None:
-    """Wait for the adopted processes that died (they are this process's children now)."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+def _reap(pids) -> None:
+    """Wait for those of `pids` that died and are this process's children (adopted)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _sandboxes(grader: int) -> list[int]:
@@ -103,7 +109,7 @@ def _line(stream, budget: float) -> str:
 def _wait_for(condition, budget: float, what: str):
     deadline = time.monotonic() + budget
     while not (found := condition()):
-        assert time.monotonic() < deadline, f"{what} within {budget:.0f} s"
+        assert time.monotonic() < deadline, f"{what() if callable(what) else what} within {budget:.0f} s"
         time.sleep(0.2)
     return found
 
@@ -122,14 +128,15 @@ def test_a_stopped_grade_leaves_no_process_and_keeps_what_finished(class_folder,
     paths = [f"{learner}/ex00_bytes.ipynb" for learner in CLASS]
     command = [sys.executable, "-m", "mpcourse.cli", "grade", "--jobs", "2", "--jsonl",
                "--csv", "gradebook.csv", *paths]
-    with _subreaper():
+    with _subreaper() as run_processes:
         grader = subprocess.Popen(command, cwd=class_folder, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             first = json.loads(_line(grader.stdout, FIRST_RESULT_BUDGET) or "null")
             assert first is not None and first["path"] == "ada/ex00_bytes.ipynb", grader.stderr.read()
-            _wait_for(lambda: _sandboxes(grader.pid), submission_backstop(None, Options()),
-                      "the next sandboxes start")
+            _wait_for(lambda: _sandboxes(grader.pid) or grader.poll() is not None,
+                      submission_backstop(None, Options()), "the next sandboxes start")
+            assert grader.poll() is None, f"the grader ended by itself: {grader.communicate()[1]}"
             if to_group:
                 os.killpg(grader.pid, signum)
             else:
@@ -139,10 +146,12 @@ def test_a_stopped_grade_leaves_no_process_and_keeps_what_finished(class_folder,
             if grader.poll() is None:
                 grader.kill()
                 grader.wait()
-        _reap()
-        left = _descendants(os.getpid())
-        in_group = [pid for pid, (_, group, _) in _processes().items() if group == grader.pid]
-        assert left == [] and in_group == [], f"left running: {left} {in_group}"
+
+        def gone() -> bool:  # a process SIGKILLed as the grader exits may take a moment to go
+            _reap(run_processes(zombies=True))
+            in_group = [pid for pid, (_, group, _) in _processes().items() if group == grader.pid]
+            return not run_processes() and not in_group
+        _wait_for(gone, pool.STOP_GRACE, lambda: f"every process of the run ends (left: {run_processes()})")
     assert grader.returncode == 128 + signum, err
     assert "sandbox: bubblewrap" in err, "the hostile answers run in bubblewrap only"
     finished = [first["path"]] + [json.loads(line)["path"] for line in out.splitlines()]
