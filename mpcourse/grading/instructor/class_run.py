@@ -21,7 +21,7 @@ from mpcourse.grading.grader import (UNSAFE_NOTE, Options, default_solutions, gr
                                      plan_exercises)
 from mpcourse.grading.instructor.progress import Progress, json_line
 from mpcourse.grading.sandbox.isolation import choose_isolation
-from mpcourse.grading.sandbox.sandbox import STOP_SIGNALS, stop_every_sandbox
+from mpcourse.grading.sandbox.sandbox import STOP_SIGNALS, stop_every_sandbox, stop_handler
 
 NOT_GRADED = 3  # the exit status when some submission could not be graded
 
@@ -46,7 +46,7 @@ def _stop(signum, _frame):
 @contextlib.contextmanager
 def _stoppable():
     """SIGTERM and SIGINT raise `Stopped` in the grader while the block runs; restored after."""
-    previous = {stop_signal: signal.signal(stop_signal, _stop) for stop_signal in STOP_SIGNALS}
+    previous = {stop_signal: signal.signal(stop_signal, stop_handler(_stop)) for stop_signal in STOP_SIGNALS}
     try:
         yield
     finally:

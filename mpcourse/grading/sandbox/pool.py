@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from mpcourse.grading.sandbox.sandbox import STOP_SIGNALS, stop_every_sandbox
+from mpcourse.grading.sandbox.sandbox import (STOP_SIGNALS, stop_every_sandbox, stop_handler,
+                                               stop_signals_held)
 
 GRACE = 30.0  # seconds between the in-process alarm and the kill
 STOP_GRACE = 10.0  # seconds a grading process told to stop has to kill its sandboxes, before a kill
@@ -68,7 +69,7 @@ def _child(connection, grade, path, memory: int, seconds: float):
                        (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
     signal.signal(signal.SIGALRM, _alarm)
     for stop_signal in STOP_SIGNALS:
-        signal.signal(stop_signal, _stop)
+        signal.signal(stop_signal, stop_handler(_stop))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held back by `_start` until now
     signal.setitimer(signal.ITIMER_REAL, seconds)
     result = grade(path)
@@ -115,16 +116,18 @@ def stop(running: dict) -> None:
 
 
 def _start(task: Task, running: dict, context, grade, memory: int) -> None:
-    """Start `task`'s grading process and enter it in `running`, with SIGTERM and SIGINT held back
-    meanwhile, so that `stop` finds every process started (the child lets them through)."""
+    """Start `task`'s grading process and enter it in `running`, the stop signals held meanwhile,
+    so that `stop` finds every process started. They are masked too, so that the new process
+    meets them only once it has its own handler (`_child` lets them through)."""
     task.attempts += 1
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(send, grade, task.path, memory, task.seconds),
                               daemon=True)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        process.start()
-        running[receive] = (task, process, time.monotonic() + task.seconds + GRACE)
+        with stop_signals_held():
+            process.start()
+            running[receive] = (task, process, time.monotonic() + task.seconds + GRACE)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         send.close()

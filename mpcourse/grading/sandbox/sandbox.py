@@ -11,6 +11,7 @@ its processes.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -58,6 +59,39 @@ class RequestFailed(Exception):
 _LIVE: set["Sandbox"] = set()  # this process's sandboxes not yet closed
 _STOPPING = threading.Event()  # set by stop_every_sandbox: no sandbox starts any more
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # what tells the grader and its processes to stop
+_HELD = {"depth": 0, "pending": None}  # the main thread's `stop_signals_held` blocks, a signal they hold
+os.register_at_fork(after_in_child=lambda: _HELD.update(depth=0, pending=None))
+
+
+def stop_handler(handler):
+    """`handler` as a handler of STOP_SIGNALS that waits while the main thread is in a
+    `stop_signals_held` block. (A Python handler runs in the main thread whichever thread the
+    signal reached, so a signal mask alone cannot keep it out of a block.)"""
+    def run(signum, frame):
+        if _HELD["depth"]:
+            _HELD["pending"] = signum
+            return
+        handler(signum, frame)
+    return run
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """A block that a `stop_handler` does not interrupt: one that starts a process and records it,
+    so that the stop finds every process started. A signal meanwhile is handled at its end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers run in the main thread only; this thread's starts check _STOPPING after
+        return
+    _HELD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HELD["depth"] -= 1
+        if not _HELD["depth"] and _HELD["pending"] is not None:
+            signum, _HELD["pending"] = _HELD["pending"], None
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, None)
 
 
 def stop_every_sandbox() -> None:
@@ -204,22 +238,21 @@ class Sandbox:
         return command, env, cwd, passed
 
     def _spawn(self, command: list[str], env: dict, cwd: str, passed: list[int]) -> None:
-        """Start the worker in a session of its own and register it, with SIGTERM and SIGINT held
-        back in this thread meanwhile: `stop_every_sandbox` then finds every worker started, or
-        (run from another thread's start) this start sees it was called and kills its worker."""
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        """Start the worker in a session of its own and register it, the stop signals held:
+        `stop_every_sandbox` then finds every worker started, or (called from the main thread
+        while another thread starts one) this start sees it was called and kills its worker."""
         try:
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, cwd=cwd, env=env,
-                                            start_new_session=True, pass_fds=passed)
-            _LIVE.add(self)
+            with stop_signals_held():
+                self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                                start_new_session=True, pass_fds=passed)
+                _LIVE.add(self)
         except BaseException:
             self._release()
             raise
         finally:
             for fd in passed:
                 os.close(fd)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if _STOPPING.is_set():
             self.kill()
             self.process.wait()
