@@ -21,7 +21,8 @@ from mpcourse.grading.grader import (UNSAFE_NOTE, Options, default_solutions, gr
                                      plan_exercises)
 from mpcourse.grading.instructor.progress import Progress, json_line
 from mpcourse.grading.sandbox.isolation import choose_isolation
-from mpcourse.grading.sandbox.sandbox import STOP_SIGNALS, stop_every_sandbox, stop_handler
+from mpcourse.grading.sandbox.sandbox import stop_every_sandbox
+from mpcourse.grading.sandbox.stopping import STOP_SIGNALS, stop_handler
 
 NOT_GRADED = 3  # the exit status when some submission could not be graded
 

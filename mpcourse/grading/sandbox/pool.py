@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from mpcourse.grading.sandbox.sandbox import (STOP_SIGNALS, stop_every_sandbox, stop_handler,
-                                               stop_signals_held)
+from mpcourse.grading.sandbox.sandbox import stop_every_sandbox
+from mpcourse.grading.sandbox.stopping import STOP_SIGNALS, stop_handler, stop_signals_held
 
 GRACE = 30.0  # seconds between the in-process alarm and the kill
 STOP_GRACE = 10.0  # seconds a grading process told to stop has to kill its sandboxes, before a kill

@@ -11,7 +11,6 @@ its processes.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from mpcourse.grading.sandbox.isolation import (BUBBLEWRAP, NONE, UNSHARE, USER,
                                                  choose_isolation, landlock_rules, sandbox_uid,
                                                  unshare_allowed)
 from mpcourse.grading.sandbox.limits import Budget, Limits, POLL, as_budget, kernel_environment
+from mpcourse.grading.sandbox.stopping import stop_signals_held
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -58,40 +58,6 @@ class RequestFailed(Exception):
 
 _LIVE: set["Sandbox"] = set()  # this process's sandboxes not yet closed
 _STOPPING = threading.Event()  # set by stop_every_sandbox: no sandbox starts any more
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # what tells the grader and its processes to stop
-_HELD = {"depth": 0, "pending": None}  # the main thread's `stop_signals_held` blocks, a signal they hold
-os.register_at_fork(after_in_child=lambda: _HELD.update(depth=0, pending=None))
-
-
-def stop_handler(handler):
-    """`handler` as a handler of STOP_SIGNALS that waits while the main thread is in a
-    `stop_signals_held` block. (A Python handler runs in the main thread whichever thread the
-    signal reached, so a signal mask alone cannot keep it out of a block.)"""
-    def run(signum, frame):
-        if _HELD["depth"]:
-            _HELD["pending"] = signum
-            return
-        handler(signum, frame)
-    return run
-
-
-@contextlib.contextmanager
-def stop_signals_held():
-    """A block that a `stop_handler` does not interrupt: one that starts a process and records it,
-    so that the stop finds every process started. A signal meanwhile is handled at its end."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers run in the main thread only; this thread's starts check _STOPPING after
-        return
-    _HELD["depth"] += 1
-    try:
-        yield
-    finally:
-        _HELD["depth"] -= 1
-        if not _HELD["depth"] and _HELD["pending"] is not None:
-            signum, _HELD["pending"] = _HELD["pending"], None
-            handler = signal.getsignal(signum)
-            if callable(handler):
-                handler(signum, None)
 
 
 def stop_every_sandbox() -> None:
