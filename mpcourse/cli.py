@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
+from mpcourse.grading.instructor import arguments
 from mpcourse.grading.instructor.commands import add_instructor_commands
 
 
@@ -19,8 +21,7 @@ def _doctor(args: argparse.Namespace) -> int:
         print(format_report(report()))
         print("\n" + _describe_lab_size(lab_size()))
     except ValueError as error:  # e.g. an unknown MPCOURSE_HARDWARE profile
-        print(f"mpcourse doctor: {error}", file=sys.stderr)
-        return 2
+        return _refuse("doctor", error)
     return 0
 
 
@@ -30,6 +31,15 @@ def _describe_lab_size(size) -> str:
     return (f"The lab's size here (lesson 06, mpcourse train and compare): d_model {c.d_model}, "
             f"{c.n_layers} layers, batch {c.batch_size} x {c.seq_len} tokens, {c.steps} steps\n"
             f"  because: {size.reason}")
+
+
+def _course_root(text: str) -> str:
+    """A `hosted --root` check: the course's checkout, a folder holding pyproject.toml."""
+    arguments.existing_folder(text)
+    if not (Path(text) / "pyproject.toml").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} holds no pyproject.toml "
+                                         "(allowed: the course's root folder)")
+    return text
 
 
 def _hosted(args: argparse.Namespace) -> int:
@@ -47,8 +57,10 @@ def _run_config(args: argparse.Namespace, precision: str, base):
     """A RunConfig from the command line; sizes not given come from `base`, the lab's size."""
     import dataclasses
     given = {name: getattr(args, name) for name in ("d_model", "n_layers", "n_heads", "batch_size",
-                                                     "seq_len", "steps", "lr", "seed")
+                                                     "seq_len", "steps", "lr", "seed", "warmup_steps")
              if getattr(args, name) is not None}
+    if args.steps is not None:  # the lab's warm-up, cut to leave a short run a step to time
+        base = base.with_steps(args.steps)
     scaling = args.loss_scaling if args.loss_scaling != "auto" else \
         ("dynamic" if precision == "fp16" else "off")
     return dataclasses.replace(base, precision=precision, autocast=args.autocast,
@@ -68,33 +80,45 @@ def _progress(total: int, label: str, initial: int = 0):
     return bar, on_step
 
 
+def _check_warmup(args: argparse.Namespace) -> None:
+    """--warmup-steps leaves at least one step to time, when both are given (else RunConfig checks)."""
+    if args.warmup_steps is not None and args.steps is not None and args.warmup_steps >= args.steps:
+        raise ValueError(f"--warmup-steps {args.warmup_steps} leaves no step to time (allowed: 0 to "
+                         f"--steps minus 1, {args.steps - 1})")
+
+
 def _lab_size(args: argparse.Namespace):
-    """The lab's size on the chosen device (measured once), and why, said on stderr; sets --threads."""
+    """The lab's size on the chosen device (measured once); sets --threads."""
     import torch
     from mpcourse.train.sizing import lab_size
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None:  # at least 1, checked as the command line was read
         torch.set_num_threads(args.threads)
-    size = lab_size(args.device)
-    print(_describe_lab_size(size), file=sys.stderr)
-    return size
+    return lab_size(args.device)
+
+
+def _refuse(command: str, error) -> int:
+    """Say on stderr, in one line, why `mpcourse COMMAND` cannot go on; the exit status for bad input."""
+    print(f"mpcourse {command}: error: {arguments.one_line(error)}", file=sys.stderr)
+    return arguments.BAD_INPUT
 
 
 def _train(args: argparse.Namespace) -> int:
     from mpcourse.train import train
+    from mpcourse.train.checkpoint import check_resumable, read_checkpoint
     from mpcourse.views.runs import format_table
     try:
-        config = _run_config(args, args.precision, _lab_size(args).config)
-    except ValueError as error:
-        print(f"mpcourse train: error: {error}", file=sys.stderr)
-        return 2
+        _check_warmup(args)
+        saved = read_checkpoint(args.checkpoint) if args.resume else None  # before any measuring
+        size = _lab_size(args)
+        config = _run_config(args, args.precision, size.config)
+        if saved is not None:
+            check_resumable(saved, config, args.checkpoint)
+    except (ValueError, FileNotFoundError) as error:
+        return _refuse("train", error)
+    print(_describe_lab_size(size), file=sys.stderr)  # why the sizes not given are the lab's
     if args.nproc is not None:
         return _train_distributed(args, config)
-    done = 0
-    if args.resume:
-        import torch
-        done = torch.load(args.checkpoint, weights_only=False)["step"] if os.path.exists(args.checkpoint) else 0
+    done = saved["step"] if saved is not None else 0
     bar, on_step = _progress(config.steps, config.label, initial=done)
     try:
         result = train(config, [on_step], checkpoint_path=args.checkpoint, resume=args.resume)
@@ -127,8 +151,7 @@ def _train_distributed(args: argparse.Namespace, config) -> int:
         print(f"{run.label} on {args.nproc} processes, {config.steps} steps (started by torchrun) ...")
         results = launch([run], config, nproc=args.nproc, timeout_s=None)
     except ValueError as error:
-        print(f"mpcourse train: error: {error}", file=sys.stderr)
-        return 2
+        return _refuse("train", error)
     print(format_results(results))
     return 0
 
@@ -139,13 +162,15 @@ def _compare(args: argparse.Namespace) -> int:
     from mpcourse.train import fit_to_hardware, train
     from mpcourse.views.runs import RunComparison
     try:
-        base = _lab_size(args).config
-        configs = [_run_config(args, precision.strip(), base) for precision in args.precisions.split(",")]
+        _check_warmup(args)
+        size = _lab_size(args)
+        configs = [_run_config(args, precision.strip(), size.config)
+                   for precision in args.precisions.split(",")]
         if args.time_limit > 0:
             configs = [fit_to_hardware(config, seconds=args.time_limit) for config in configs]
     except ValueError as error:
-        print(f"mpcourse compare: error: {error}", file=sys.stderr)
-        return 2
+        return _refuse("compare", error)
+    print(_describe_lab_size(size), file=sys.stderr)  # why the sizes not given are the lab's
     results = []
     for config in configs:
         bar, on_step = _progress(config.steps, config.label)
@@ -174,6 +199,25 @@ def run_record(result) -> dict:
             "peak_memory_bytes": result.peak_memory_bytes, "accelerated": result.accelerated}
 
 
+def _device(text: str) -> str:
+    """A --device check: a device name torch knows, of a kind the course runs on."""
+    kind, _, index = text.partition(":")
+    if kind not in ("auto", "cpu", "cuda", "mps") or (index and not (kind == "cuda" and index.isdigit())):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r} (allowed: auto, cpu, cuda, cuda:N, mps)")
+    return text
+
+
+def _precisions(text: str) -> str:
+    """A --precisions check: names from fp32, tf32, bf16, fp16, comma-separated."""
+    from mpcourse.numbers.precision import RUN_PRECISIONS
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        if name not in RUN_PRECISIONS:
+            raise argparse.ArgumentTypeError(f"unknown precision {name!r} (allowed: "
+                                             f"{', '.join(RUN_PRECISIONS)}, comma-separated)")
+    return text
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     """The switches and sizes shared by `train` and `compare` (sizes default to the lab's)."""
     from mpcourse.train import AUTOCASTS, LOSS_SCALINGS
@@ -183,28 +227,31 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="auto: dynamic for fp16, off otherwise (default: %(default)s)")
     parser.add_argument("--master-weights", action="store_true",
                         help="16-bit parameters with FP32 master weights")
-    for flag, kind, dest in (("--d-model", int, "d_model"), ("--layers", int, "n_layers"),
-                             ("--heads", int, "n_heads"), ("--batch", int, "batch_size"),
-                             ("--seq-len", int, "seq_len"), ("--steps", int, "steps"),
-                             ("--lr", float, "lr"), ("--seed", int, "seed")):
+    count = arguments.at_least(1)
+    for flag, kind, dest in (("--d-model", count, "d_model"), ("--layers", count, "n_layers"),
+                             ("--heads", count, "n_heads"), ("--batch", count, "batch_size"),
+                             ("--seq-len", count, "seq_len"), ("--steps", count, "steps"),
+                             ("--lr", arguments.positive, "lr"), ("--seed", arguments.at_least(0), "seed")):
         parser.add_argument(flag, type=kind, dest=dest, default=None,
                             help="default: the lab's value for this device")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--warmup-steps", type=arguments.at_least(0), default=None,
+                        help="first steps left out of the timing, fewer than --steps (default: the "
+                             "lab's, at most --steps minus 1)")
+    parser.add_argument("--device", default="auto", type=_device,
+                        help="auto, cpu, cuda, cuda:N, mps (default: %(default)s)")
+    parser.add_argument("--threads", type=arguments.at_least(1), default=None,
                         help="CPU threads for torch (default: torch's choice, one per core); 1 "
                              "measures the arithmetic alone on a machine busy with other work")
 
 
-#: The commands whose options take their choices from modules that import torch.
-TORCH_OPTIONS = ("train", "compare")
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line. Given `command`, the subcommand about to run ("" when none is named, as in
-    `mpcourse --help`), the options of the other TORCH_OPTIONS commands are left out, so that
-    loading torch waits until one of them runs; with None, every command has all its options."""
-    parser = argparse.ArgumentParser(
-        prog="mpcourse", description="The mixed-precision training course: tools for learners and instructors.")
+    `mpcourse --help`), the options of `train` and `compare`, whose choices come from modules that
+    import torch, are added only to that one of them, so that loading torch waits until one of them
+    runs; with None, every command has all its options."""
+    parser = arguments.Parser(
+        prog="mpcourse",
+        description="The mixed-precision training course: tools for learners and instructors.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     doctor = commands.add_parser("doctor", help="what this machine can do with each precision")
@@ -212,15 +259,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     hosted = commands.add_parser("hosted", help="check (or --stamp) every notebook's Colab/Kaggle links and "
                                                 "the cell that installs mpcourse there")
-    hosted.add_argument("--stamp", action="store_true", help="write the current cell and links into every notebook")
-    hosted.add_argument("--root", default=".", help="the repository's root (default: %(default)s)")
+    hosted.add_argument("--stamp", action="store_true",
+                        help="write the current cell and links into every notebook")
+    hosted.add_argument("--root", default=".", type=_course_root,
+                        help="the repository's root (default: %(default)s)")
     hosted.set_defaults(handler=_hosted)
 
     add_instructor_commands(commands)
 
     train = commands.add_parser("train", help="train the lab's GPT in one precision, with a progress bar")
     train.set_defaults(handler=_train)
-    compare = commands.add_parser("compare", help="train in several precisions and tabulate speed, memory, loss")
+    compare = commands.add_parser("compare",
+                                  help="train in several precisions and tabulate speed, memory, loss")
     compare.set_defaults(handler=_compare)
     if command in (None, "train"):
         _add_train_options(train)
@@ -235,30 +285,37 @@ def _add_train_options(train: argparse.ArgumentParser) -> None:
                        help="(default: %(default)s)")
     _add_run_options(train)
     train.add_argument("--checkpoint", default="mpcourse-checkpoint.pt",
+                       type=arguments.output_file_in_existing_folder,
                        help="saved at the end and on Ctrl-C (default: %(default)s)")
     train.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    train.add_argument("--nproc", type=int, default=None, metavar="N",
+    train.add_argument("--nproc", type=arguments.at_least(1), default=None, metavar="N",
                        help="train on N local processes through torchrun: DDP for fp32/tf32, FSDP2 "
                             "with that param_dtype and FP32 reduction for bf16/fp16 (lesson 08)")
 
 
 def _add_compare_options(compare: argparse.ArgumentParser) -> None:
-    compare.add_argument("--precisions", default="fp32,bf16,fp16",
+    compare.add_argument("--precisions", default="fp32,bf16,fp16", type=_precisions,
                          help="comma-separated, from fp32, tf32, bf16, fp16 (default: %(default)s)")
     _add_run_options(compare)
-    compare.add_argument("--time-limit", type=float, default=20.0,
+    compare.add_argument("--time-limit", type=arguments.not_negative, default=20.0,
                          help="seconds allowed to a precision this device does not accelerate; "
                               "0 for no limit (default: %(default)s)")
-    compare.add_argument("--out", default="loss_curves.png", help="PNG of the loss curves (default: %(default)s)")
+    compare.add_argument("--out", default="loss_curves.png",
+                         help="PNG of the loss curves (default: %(default)s)",
+                         type=arguments.with_suffix(arguments.output_file_in_existing_folder, ".png"))
     compare.add_argument("--json", action="store_true",
                          help='print {"runs": [{"precision", "tokens_per_s", "final_loss", "eval_loss", '
                               '"peak_memory_bytes", "accelerated"}]} on stdout instead of the table')
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `mpcourse ARGV`; return its exit status (2 for arguments refused, before any work)."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((word for word in argv if not word.startswith("-")), "")
-    args = build_parser(command).parse_args(argv)
+    try:
+        args = build_parser(command).parse_args(argv)
+    except SystemExit as stop:  # --help (0), or arguments refused in one line on stderr (2)
+        return stop.code if isinstance(stop.code, int) else arguments.BAD_INPUT
     return args.handler(args)
 
 

@@ -136,9 +136,9 @@ def test_compare_json_prints_one_object_with_a_record_per_run(fake_cpu, tmp_path
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--precisions", "fp32,fp64"], "mpcourse compare: error: unknown precision 'fp64'; choose one of fp32"),
-    (["--device", "tpu"], "mpcourse compare: error: unknown device 'tpu'; choose auto, cpu, cuda or mps"),
-    (["--threads", "0"], "mpcourse compare: error: --threads must be at least 1, got 0"),
+    (["--precisions", "fp32,fp64"], "mpcourse compare: error: argument --precisions: unknown precision 'fp64' (allowed: fp32"),
+    (["--device", "tpu"], "mpcourse compare: error: argument --device: unknown device 'tpu' (allowed: auto, cpu, cuda"),
+    (["--threads", "0"], "mpcourse compare: error: argument --threads: 0 is too small (allowed: 1 or more)"),
 ])
 def test_compare_rejects_bad_input_by_name(fake_cpu, capsys, args, message):
     fake_cpu({"avx2"}, probe(bf16=0.03, fp16=0.01))

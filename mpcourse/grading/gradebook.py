@@ -143,23 +143,34 @@ def read_gradebook(path: str | Path) -> list[SubmissionResult]:
     """The submissions of a gradebook `write_gradebook` wrote, in its order (notes split back
     into a list; a gradebook from before timings were recorded reads as 0 seconds)."""
     results: dict[str, SubmissionResult] = {}
+    not_one = f"{str(path)!r} is not a gradebook of `mpcourse grade --csv`"
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"path", "exercise", "test", "points", "max_points", "passed", "score", "max_score"} - set(
-            reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{str(path)!r} is not a gradebook of `mpcourse grade --csv`: it lacks the "
-                             f"column(s) {', '.join(sorted(missing))}")
-        for row in reader:
-            row = {key: unescaped(value or "") for key, value in row.items()}
-            result = results.get(row["path"])
-            if result is None:
-                result = results[row["path"]] = SubmissionResult(
-                    row["path"], row["exercise"] or None, float(row["score"]), float(row["max_score"]),
-                    row.get("error") or None, notes=[n for n in (row.get("notes") or "").split("; ") if n],
-                    seconds=float(row.get("seconds") or 0), cpu_seconds=float(row.get("cpu_seconds") or 0),
-                    graded=not (row.get("error") or "").startswith(("not graded", "grading failed")))
-            if row["test"]:
-                result.tests.append(TestResult(row["test"], float(row["points"]), float(row["max_points"]),
-                                               row["passed"] == "True", row.get("reason") or None))
+        try:
+            reader = csv.DictReader(f)
+            missing = {"path", "exercise", "test", "points", "max_points", "passed", "score",
+                       "max_score"} - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"{not_one}: it lacks the column(s) {', '.join(sorted(missing))}")
+            for row in reader:
+                _read_row({key: unescaped(value or "") for key, value in row.items()}, results)
+        except UnicodeDecodeError:
+            raise ValueError(f"{not_one}: it is not UTF-8 text") from None
+        except (csv.Error, ValueError, TypeError) as error:
+            if str(error).startswith(not_one):
+                raise
+            raise ValueError(f"{not_one}: line {reader.line_num}: {error}") from None
     return list(results.values())
+
+
+def _read_row(row: dict[str, str], results: dict[str, SubmissionResult]) -> None:
+    """One gradebook line into `results`: its submission's fields (first line), its test."""
+    result = results.get(row["path"])
+    if result is None:
+        result = results[row["path"]] = SubmissionResult(
+            row["path"], row["exercise"] or None, float(row["score"]), float(row["max_score"]),
+            row.get("error") or None, notes=[n for n in (row.get("notes") or "").split("; ") if n],
+            seconds=float(row.get("seconds") or 0), cpu_seconds=float(row.get("cpu_seconds") or 0),
+            graded=not (row.get("error") or "").startswith(("not graded", "grading failed")))
+    if row["test"]:
+        result.tests.append(TestResult(row["test"], float(row["points"]), float(row["max_points"]),
+                                       row["passed"] == "True", row.get("reason") or None))

@@ -20,6 +20,7 @@ For each submission:
 """
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 import warnings
@@ -356,9 +357,10 @@ def grade_paths(paths: list, exercises: dict[str, Exercise], plans: dict, option
         limit = submission_backstop(exercise_of(path), options)
         return limit if budget is None else max(1.0, min(limit, budget))
 
-    for index, result, why in grade_in_processes(paths, timed, seconds_for, jobs,
-                                                 _address_space() + options.grader_memory):
-        if result is None:
-            result = _not_graded(paths[index], exercise_of(paths[index]), why)
-            result.seconds = seconds_for(paths[index]) if "ran past" in why else 0.0
-        yield index, result
+    pool = grade_in_processes(paths, timed, seconds_for, jobs, _address_space() + options.grader_memory)
+    with contextlib.closing(pool):  # however this stops, the pool's processes stop with it
+        for index, result, why in pool:
+            if result is None:
+                result = _not_graded(paths[index], exercise_of(paths[index]), why)
+                result.seconds = seconds_for(paths[index]) if "ran past" in why else 0.0
+            yield index, result

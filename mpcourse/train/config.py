@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, ContextManager
 
@@ -68,10 +69,16 @@ class RunConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.warmup_steps < self.steps:
-            raise ValueError(f"warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
+            raise ValueError(f"warmup_steps must be in [0, steps={self.steps}) (at least one step is "
+                             f"timed after the warm-up), got {self.warmup_steps}")
         if self.device != "auto":
             torch.device(self.device)  # raises on a name torch does not know
         self.model_config()  # validates the shape
+
+    def with_steps(self, steps: int) -> "RunConfig":
+        """This run with `steps` steps, its warm-up cut to leave at least one timed step (a run of
+        1 or 2 steps, shorter than the lab's warm-up, times its last)."""
+        return dataclasses.replace(self, steps=steps, warmup_steps=min(self.warmup_steps, steps - 1))
 
     def model_config(self) -> GPTConfig:
         return GPTConfig(vocab_size=self.vocab_size, seq_len=self.seq_len, d_model=self.d_model,

@@ -33,10 +33,6 @@ PROBES = {
                            "the model",
 }
 PROBE_SPEC = "_mpcourse_probes"
-HOOK_DICTS = {"_backward_pre_hooks", "_backward_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
-              "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs",
-              "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-              "_load_state_dict_post_hooks", "_is_full_backward_hook", "_non_persistent_buffers_set"}
 
 
 def watch(model, **probes):

@@ -20,7 +20,6 @@ from pathlib import Path
 from mpcourse.grading.atomic import write_atomically
 from mpcourse.grading.gradebook import SubmissionResult, clean
 
-VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 HIDDEN_CHOICES = ("after_published", "hidden", "after_due_date")  # what a test with hidden lines may be
 MAX_OUTPUT_CHARS = 4000
 NOT_SUBMITTED = "not submitted"

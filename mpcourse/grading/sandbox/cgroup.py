@@ -129,16 +129,6 @@ class Cgroup:
                 pass
         return None
 
-    def peak_memory(self) -> int | None:
-        """The most memory the group held, in bytes (None if the kernel does not say)."""
-        for folder in self.folders:
-            for name in ("memory.max_usage_in_bytes", "memory.peak"):
-                try:
-                    return int((folder / name).read_text())
-                except (OSError, ValueError):
-                    continue
-        return None
-
     def kill_all(self):
         """Kill every process in the group (and what they start meanwhile)."""
         for folder in self.folders:

@@ -23,6 +23,7 @@ graded one after the other in the grader's own process, without these limits.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
 import signal
 import sys
@@ -30,7 +31,11 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from mpcourse.grading.sandbox.sandbox import stop_every_sandbox
+from mpcourse.grading.sandbox.stopping import STOP_SIGNALS, stop_handler, stop_signals_held
+
 GRACE = 30.0  # seconds between the in-process alarm and the kill
+STOP_GRACE = 10.0  # seconds a grading process told to stop has to kill its sandboxes, before a kill
 ATTEMPTS = 2  # a crashed grading process is retried once
 
 
@@ -46,16 +51,26 @@ class Task:
     attempts: int = 0
 
 
-def _alarm(signum, frame):
+def _alarm(_signum, _frame):
     raise OutOfTime("the submission's grading used up its time")
+
+
+def _stop(signum, _frame):
+    """A grading process told to stop (the grader was, or Ctrl-C reached the process group):
+    its sandboxes die with it, and it exits at once, reporting the signal."""
+    stop_every_sandbox()
+    os._exit(128 + signum)
 
 
 def _child(connection, grade, path, memory: int, seconds: float):
     """In the grading process: limits, then the submission's grade sent back to the grader."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     resource.setrlimit(resource.RLIMIT_AS,
                        (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
     signal.signal(signal.SIGALRM, _alarm)
+    for stop_signal in STOP_SIGNALS:
+        signal.signal(stop_signal, stop_handler(_stop))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held back by `_start` until now
     signal.setitimer(signal.ITIMER_REAL, seconds)
     result = grade(path)
     signal.setitimer(signal.ITIMER_REAL, 0)
@@ -66,7 +81,9 @@ def _child(connection, grade, path, memory: int, seconds: float):
 def grade_in_processes(paths, grade, seconds_for, jobs: int, memory: int):
     """Yield (index, result, None) or (index, None, why not graded) for each path, as they finish.
 
-    `grade(path)` runs in the grading process; `seconds_for(path)` is its wall-clock backstop."""
+    `grade(path)` runs in the grading process; `seconds_for(path)` is its wall-clock backstop.
+    However the caller stops (an exception, such as the grader's own SIGTERM, or closing this
+    generator), every grading process still running is stopped with its sandboxes (`stop`)."""
     if sys.platform != "linux":
         for index, path in enumerate(paths):
             yield index, grade(path), None
@@ -75,16 +92,52 @@ def grade_in_processes(paths, grade, seconds_for, jobs: int, memory: int):
     waiting = [Task(i, p, seconds_for(p)) for i, p in enumerate(paths)]
     waiting.reverse()
     running = {}  # connection -> (task, process, kill time)
+    try:
+        yield from _run(waiting, running, context, grade, jobs, memory)
+    finally:
+        stop(running)
+
+
+def stop(running: dict) -> None:
+    """End the grading processes in `running` (connection -> (task, process, kill time)): each is
+    told to stop (SIGTERM: it kills its sandboxes and exits), and killed after STOP_GRACE."""
+    processes = [process for _, process, _ in running.values()]
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + STOP_GRACE
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for connection in running:
+        connection.close()
+    running.clear()
+
+
+def _start(task: Task, running: dict, context, grade, memory: int) -> None:
+    """Start `task`'s grading process and enter it in `running`, the stop signals held meanwhile,
+    so that `stop` finds every process started. They are masked too, so that the new process
+    meets them only once it has its own handler (`_child` lets them through)."""
+    task.attempts += 1
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(send, grade, task.path, memory, task.seconds),
+                              daemon=True)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        with stop_signals_held():
+            process.start()
+            running[receive] = (task, process, time.monotonic() + task.seconds + GRACE)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        send.close()
+
+
+def _run(waiting: list, running: dict, context, grade, jobs: int, memory: int):
+    """The pool's loop: start tasks up to `jobs`, yield each result or why there is none."""
     while waiting or running:
         while waiting and len(running) < jobs:
-            task = waiting.pop()
-            task.attempts += 1
-            receive, send = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(send, grade, task.path, memory,
-                                                           task.seconds), daemon=True)
-            process.start()
-            send.close()
-            running[receive] = (task, process, time.monotonic() + task.seconds + GRACE)
+            _start(waiting.pop(), running, context, grade, memory)
         soonest = min(kill for _, _, kill in running.values())
         ready = wait(list(running) + [p.sentinel for _, p, _ in running.values()],
                      timeout=max(0.0, soonest - time.monotonic()))

@@ -31,6 +31,7 @@ from mpcourse.grading.sandbox.isolation import (BUBBLEWRAP, NONE, UNSHARE, USER,
                                                  choose_isolation, landlock_rules, sandbox_uid,
                                                  unshare_allowed)
 from mpcourse.grading.sandbox.limits import Budget, Limits, POLL, as_budget, kernel_environment
+from mpcourse.grading.sandbox.stopping import stop_signals_held
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -53,6 +54,21 @@ class WorkerGone(Exception):
 
 class RequestFailed(Exception):
     """The worker is alive but answered a request with a failure (a missing name, bad data...)."""
+
+
+_LIVE: set["Sandbox"] = set()  # this process's sandboxes not yet closed
+_STOPPING = threading.Event()  # set by stop_every_sandbox: no sandbox starts any more
+
+
+def stop_every_sandbox() -> None:
+    """Kill every sandbox this process holds, with all it started, and start no more: what a
+    grading process (or the grader, while it plans) does when it is told to stop. Safe to call
+    from a signal handler: a sandbox is registered before its start returns, with those signals
+    held back while it is being started."""
+    _STOPPING.set()
+    for sandbox in list(_LIVE):
+        sandbox.kill()
+        sandbox._release()
 
 
 def _process_table() -> list[tuple[int, int, int, float]]:
@@ -129,23 +145,44 @@ class Sandbox:
                  kind: str | None = None):
         self.limits, self.printed, self.flooded, self.tail = limits, 0, False, b""
         self.kind = (kind or choose_isolation().kind) if sandboxed else NONE
+        if _STOPPING.is_set():
+            raise WorkerGone("could not start: the grader is stopping")
         if sandboxed and self.kind not in (BUBBLEWRAP, USER):
             raise RuntimeError(f"no sandbox can be made here: {choose_isolation().problem}")
         if self.kind == USER and os.geteuid() != 0:
             raise RuntimeError("the unprivileged-user sandbox needs a grader running as root")
+        self.cgroup, self.uid, self.workdir = None, None, None
+        config = self._limits_config(sandboxed)
+        command, env, cwd, passed = self._command(config, trusted)
+        self._spawn(command + [json.dumps(config)], env, cwd, passed)
+        self._buffer, self._requests, self._cpu, self._cpu_read = bytearray(), 0, 0.0, 0.0
+        self._drain = threading.Thread(target=self._count_output, daemon=True)
+        self._drain.start()
+        try:
+            self._receive(as_budget(deadline))  # {"ready": true} once torch is loaded and the limits are set
+        except WorkerGone:
+            self.close()
+            raise
+
+    def _limits_config(self, sandboxed: bool) -> dict:
+        """The limits the worker sets on itself; as root, a uid and a control group of its own."""
+        limits = self.limits
         config = {"memory": limits.memory, "cpu": limits.cpu, "file_size": limits.file_size,
                   "open_files": limits.open_files}
-        command, passed, self.cgroup, self.uid, self.workdir = [sys.executable, "-I",
-                                                                str(WORKER)], [], None, None, None
         if sandboxed and os.geteuid() == 0:
             self.uid = sandbox_uid()
             config.update(user=self.uid, processes=limits.processes)
             self.cgroup = Cgroup.create(limits.resident, limits.processes)
         elif sandboxed:  # the limit counts all this user's processes and threads, the grader's included
             config.update(processes=_tasks_of(os.geteuid()) + limits.processes)
+        return config
+
+    def _command(self, config: dict, trusted: bool) -> tuple[list[str], dict, str, list[int]]:
+        """The worker's command line, environment, folder and passed file descriptors, for its kind."""
+        command, passed = [sys.executable, "-I", str(WORKER)], []
         if self.kind == BUBBLEWRAP:  # its home and /tmp are small memory file systems that vanish with it
             passed = [seccomp.filter_fd()]
-            command = bwrap_command(limits, passed[0]) + command
+            command = bwrap_command(self.limits, passed[0]) + command
             env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
         elif self.kind == USER:  # a private folder of its own uid; the worker loads the seccomp filter itself
             self.workdir = cwd = tempfile.mkdtemp(prefix="mpcourse-sandbox-")
@@ -164,24 +201,29 @@ class Sandbox:
                    else dict(home, PATH="/usr/bin:/bin", **kernel_environment()))
         if self.cgroup is not None:
             command = self.cgroup.wrap(command)
+        return command, env, cwd, passed
+
+    def _spawn(self, command: list[str], env: dict, cwd: str, passed: list[int]) -> None:
+        """Start the worker in a session of its own and register it, the stop signals held:
+        `stop_every_sandbox` then finds every worker started, or (called from the main thread
+        while another thread starts one) this start sees it was called and kills its worker."""
         try:
-            self.process = subprocess.Popen(command + [json.dumps(config)], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-                                            start_new_session=True, pass_fds=passed)
+            with stop_signals_held():
+                self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                                start_new_session=True, pass_fds=passed)
+                _LIVE.add(self)
         except BaseException:
             self._release()
             raise
         finally:
             for fd in passed:
                 os.close(fd)
-        self._buffer, self._requests, self._cpu, self._cpu_read = bytearray(), 0, 0.0, 0.0
-        self._drain = threading.Thread(target=self._count_output, daemon=True)
-        self._drain.start()
-        try:
-            self._receive(as_budget(deadline))  # {"ready": true} once torch is loaded and the limits are set
-        except WorkerGone:
-            self.close()
-            raise
+        if _STOPPING.is_set():
+            self.kill()
+            self.process.wait()
+            self._release()
+            raise WorkerGone("could not start: the grader is stopping")
 
     def cpu_seconds(self) -> float:
         """CPU time the sandbox has used so far, all its processes together: its control group's
@@ -322,6 +364,7 @@ class Sandbox:
     def _release(self):
         """What the sandbox held outside its processes: its control group, the processes and
         scratch files of its uid (fallback), its work folder."""
+        _LIVE.discard(self)
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.kind == USER and self.uid is not None:

@@ -176,7 +176,7 @@ class Worker(Answers):
         config = Config()
         config.HistoryManager.enabled = False  # no history database, in the sandbox or anywhere else
         shell = InteractiveShell.instance(config=config, colors="NoColor")
-        shell.enable_gui = lambda gui=None: None  # `%matplotlib inline` needs no event loop, as in Jupyter
+        shell.enable_gui = lambda _gui=None: None  # `%matplotlib inline` needs no event loop, as in Jupyter
         super().__init__(shell.user_ns)
         self.shell = shell
 
