@@ -28,10 +28,9 @@ def config_from_controls(base: RunConfig, *, precision: str, loss_scaling: bool,
     does not accelerate gets a time limit of `slow_limit_s` (see `fit_to_hardware`).
     """
     config = dataclasses.replace(
-        base, precision=precision, autocast=autocast,
+        base.with_steps(steps), precision=precision, autocast=autocast,
         loss_scaling="dynamic" if loss_scaling else "off", master_weights=master_weights,
-        d_model=d_model, batch_size=batch_size, steps=steps,
-        warmup_steps=min(base.warmup_steps, steps - 1))
+        d_model=d_model, batch_size=batch_size)
     return fit_to_hardware(config, seconds=slow_limit_s)
 
 

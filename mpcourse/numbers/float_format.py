@@ -22,7 +22,8 @@ from mpcourse.numbers.precision import dtype_name
 
 __all__ = ["FloatFormat", "as_format", "ROUNDING_MODES", "OVERFLOW_MODES", "NAN_ENCODINGS",
            "FP32", "FP16", "BF16", "FP8_E4M3", "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ",
-           "FP8_E8M0", "E8M0_TORCH_ROUNDS_UP", "FP6_E2M3", "FP6_E3M2", "FP4_E2M1", "TF32", "FORMATS", "ALL_FORMATS"]
+           "FP8_E8M0", "E8M0_TORCH_ROUNDS_UP", "FP6_E2M3", "FP6_E3M2", "FP4_E2M1", "TF32", "FORMATS",
+           "ALL_FORMATS"]
 
 #: How a value between two of a format's values is rounded (see `mpcourse.numbers.rounding`).
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
