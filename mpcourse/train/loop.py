@@ -85,26 +85,9 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
         start_step = load_checkpoint(checkpoint_path, config, run.model, run.optimizer, run.scaler,
                                      result)
 
-    # Memory is measured on the run's second step: the first with the optimizer's state, as in
-    # every later step (the first step creates Adam's moments only at its very end).
-    measured_step = min(start_step + 1, config.steps - 1)
-    synchronize(device)  # the first step's clock starts on an idle device, as every later one's
-    started = time.perf_counter()
     try:
         with _matmul_precision(config.precision, device.type):
-            for step in range(start_step, config.steps):
-                scale = run.scaler.get_scale() if run.scaler.is_enabled() else 1.0
-                loss, grad_norm, seconds = _timed_step(run, step, config, result, device,
-                                                       measure_memory=step == measured_step)
-                info = StepInfo(step, config.steps, config.reported_loss(loss), seconds,
-                                config.batch_size * config.seq_len / seconds, scale,
-                                skipped=run.scaler.is_enabled() and not math.isfinite(grad_norm))
-                _record(result, info, timed=step >= start_step + config.warmup_steps)
-                for callback in callbacks:
-                    callback(info)
-                if _out_of_time(config, started) and step + 1 < config.steps:
-                    result.stopped_early = True
-                    break
+            _run_steps(run, config, result, device, start_step, callbacks)
             result.eval_loss = _evaluate(run.model, run.eval_batches, config, device.type)
     except KeyboardInterrupt:
         if checkpoint_path is not None:
@@ -116,6 +99,30 @@ def train(config: RunConfig, callbacks: Iterable[Callback] = (), *,
     if checkpoint_path is not None:
         save_checkpoint(checkpoint_path, run.model, run.optimizer, run.scaler, result)
     return result
+
+
+def _run_steps(run: Setup, config: RunConfig, result: RunResult, device: torch.device, start_step: int,
+               callbacks: list[Callback]) -> None:
+    """Steps `start_step` to the end (or the time limit), each timed, recorded and told to the
+    callbacks."""
+    # Memory is measured on the run's second step: the first with the optimizer's state, as in
+    # every later step (the first step creates Adam's moments only at its very end).
+    measured_step = min(start_step + 1, config.steps - 1)
+    synchronize(device)  # the first step's clock starts on an idle device, as every later one's
+    started = time.perf_counter()
+    for step in range(start_step, config.steps):
+        scale = run.scaler.get_scale() if run.scaler.is_enabled() else 1.0
+        loss, grad_norm, seconds = _timed_step(run, step, config, result, device,
+                                               measure_memory=step == measured_step)
+        info = StepInfo(step, config.steps, config.reported_loss(loss), seconds,
+                        config.batch_size * config.seq_len / seconds, scale,
+                        skipped=run.scaler.is_enabled() and not math.isfinite(grad_norm))
+        _record(result, info, timed=step >= start_step + config.warmup_steps)
+        for callback in callbacks:
+            callback(info)
+        if _out_of_time(config, started) and step + 1 < config.steps:
+            result.stopped_early = True
+            return
 
 
 def compare(configs: Iterable[RunConfig], callbacks: Iterable[Callback] = ()) -> list[RunResult]:
