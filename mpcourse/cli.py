@@ -108,6 +108,8 @@ def _train(args: argparse.Namespace) -> int:
     from mpcourse.views.runs import format_table
     try:
         _check_warmup(args)
+        if args.resume and args.nproc is not None:
+            raise ValueError("--resume works for single-process runs only; drop --nproc or --resume")
         saved = read_checkpoint(args.checkpoint) if args.resume else None  # before any measuring
         size = _lab_size(args)
         config = _run_config(args, args.precision, size.config)
@@ -143,8 +145,6 @@ def _train_distributed(args: argparse.Namespace, config) -> int:
     from mpcourse.distributed import check_nproc, launch, run_for_precision
     from mpcourse.views.distributed import format_results
     try:
-        if args.resume:
-            raise ValueError("--resume works for single-process runs only; drop --nproc or --resume")
         run = run_for_precision(config.precision)
         config = run.fitted(config)
         check_nproc(args.nproc, config.resolved_device().type)

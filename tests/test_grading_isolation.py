@@ -450,7 +450,7 @@ def test_where_namespaces_are_refused_the_fallback_grades_every_wall_attack_as_b
 def test_gradescope_checks_and_grades_in_the_fallback_where_namespaces_are_refused(tmp_path, monkeypatch):
     """setup.sh --check names the fallback and exits 0; a submission that forges results.json from
     a detached process scores its honest work there too."""
-    from test_platforms_gradescope import HOSTILE_ANSWER, gradescope_root, run_autograder
+    from test_platforms_gradescope import gradescope_root, hostile_answer, run_autograder
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "bwrap").write_text(NAMESPACES_REFUSED)
     (tmp_path / "bin" / "bwrap").chmod(0o755)
@@ -467,8 +467,9 @@ def test_gradescope_checks_and_grades_in_the_fallback_where_namespaces_are_refus
     assert check.returncode == 0, check.stdout + check.stderr
     assert "the fallback sandbox works here" in check.stdout and "unprivileged user per submission" in check.stdout
     nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
-    next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source).source = HOSTILE_ANSWER
+    answer, marker = hostile_answer()
+    next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source).source = answer
     results = run_autograder(root, ("ex00_bytes.ipynb", nbformat.writes(nb)))
     assert sum(t["score"] for t in results["tests"]) == 1, results["output"]  # the honest part: fp32 only
-    assert sandbox_processes("results.json") == [], "a detached process outlived the fallback sandbox"
+    assert sandbox_processes(marker) == [], "a detached process outlived the fallback sandbox"
     assert "forged" not in (root / "results" / "results.json").read_text()

@@ -98,9 +98,11 @@ def test_doctor_exits_zero_on_this_machine():
 def test_unknown_or_missing_subcommand_prints_usage_and_exits_2(args):
     result = _cli(*args)
     assert result.returncode == 2
-    assert result.stderr.startswith("usage: mpcourse")
+    assert result.stderr.startswith("mpcourse: error:") and len(result.stderr.splitlines()) == 1
     if args:
-        assert "invalid choice: 'frobnicate'" in result.stderr
+        assert "invalid choice: 'frobnicate' (choose from 'doctor'," in result.stderr
+    else:
+        assert "the following arguments are required: COMMAND" in result.stderr
 
 
 @pytest.mark.parametrize("flags, dtype, faster", [

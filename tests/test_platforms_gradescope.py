@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -44,11 +45,14 @@ FORGED = '{"tests": [{"name": "forged", "score": 1000, "max_score": 4}]}'
 # plus an attack on Gradescope's layout: find results.json's folder and the autograder's source
 # anywhere it can look, forge results, read the hidden tests, and leave a process behind that
 # keeps forging after grading ends.
-HOSTILE_ANSWER = '''def tensor_bytes(numel, dtype):
+# The answer's daemon carries MARKER in its command line, unique per test, so that a test finds its own
+# forger and not one of a test running beside it (`sandbox_processes`).
+_HOSTILE_TEMPLATE = '''def tensor_bytes(numel, dtype):
     return numel * 4
 
 import os, subprocess, sys
 FORGED = %r
+MARKER = %r
 found = []
 for top, folders, files in os.walk("/", onerror=lambda error: None):
     if top.startswith(("/proc", "/sys", "/usr", "/dev")):
@@ -64,7 +68,14 @@ for folder in found + ["/autograder/results", "../results", "results"]:
     except OSError:
         pass
 daemon = "import os, time\\nos.setsid()\\nwhile True:\\n    [open(p, 'w').write(%%r) for p in %%r if os.path.isdir(os.path.dirname(p))]\\n    time.sleep(0.2)" %% (FORGED, [os.path.join(d, "results.json") for d in found] + ["/autograder/results/results.json"])
-subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True)''' % FORGED
+subprocess.Popen([sys.executable, "-c", daemon + "\\n# " + MARKER], start_new_session=True)'''
+
+
+def hostile_answer() -> tuple[str, str]:
+    """An ex00 answer that forges Gradescope's results.json and leaves a daemon rewriting it, and
+    the marker its daemon's command line carries."""
+    marker = f"forger-{uuid.uuid4().hex}"
+    return _HOSTILE_TEMPLATE % (FORGED, marker), marker
 
 
 def _cli(*args, cwd=ROOT):
@@ -189,13 +200,13 @@ def test_fixture_submissions_score_what_the_local_grader_gives_them(ex00_zip, tm
 def test_a_submission_attacking_gradescopes_layout_scores_its_honest_work(ex00_zip, tmp_path):
     nb = nbformat.read(ROOT / "exercises" / "ex00_bytes.ipynb", as_version=4)
     answer = next(c for c in nb.cells if c.cell_type == "code" and "def tensor_bytes" in c.source)
-    answer.source = HOSTILE_ANSWER
+    answer.source, marker = hostile_answer()
     root = gradescope_root(tmp_path, ex00_zip)
     results = run_autograder(root, ("ex00_bytes.ipynb", nbformat.writes(nb)))
     assert total(results) == MANIFEST["ex00_partial"]["score"] == 1, results["output"]
     written = (root / "results" / "results.json").read_text()
     # no wait for a process left behind to rewrite it: none is left that could
-    assert sandbox_processes("results.json") == [], "the forging process outlived grading"
+    assert sandbox_processes(marker) == [], "the forging process outlived grading"
     assert (root / "results" / "results.json").read_text() == written
     assert "forged" not in written and not list(root.rglob("results.json"))[1:]
 
